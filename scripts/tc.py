@@ -1,0 +1,2533 @@
+"""task-checkpoint core: checkpoints for long agent tasks, standard library only.
+
+Two layers share one store:
+
+* the task layer: steps the agent declares with ``save`` (title, conclusion,
+  next ...), each pointing at a manifest of the workspace's files;
+* the drift layer: file changes recorded without the agent doing anything
+  (``capture`` and the watcher thread), so a rollback point exists even when
+  no step was saved.
+
+Store layout (default ``<workspace>/.checkpoints``)::
+
+    current.json               active task per workspace root
+    state.lock                 inter-process lock
+    server.log                 log (never stdout)
+    payload/<sha[:2]>/<sha>    content-addressed file copies
+    journal/<op>.json          in-flight restore/import (rolled back if abandoned)
+    tasks/<id>/state.json, index.json, steps/sNNNN.json, drifts/dNNNN.json,
+               manifest/mNNNN.json (delta chain, full anchor every 20)
+
+Guarantees: every store file is written atomically; every mutation happens
+under the store lock; content is written before what points at it; a restore
+or import is journaled before the workspace is touched, so a crash at any
+moment leaves a store that reads correctly and a workspace that is either
+before or after the operation, never between.
+
+Caveats: sensitive files are recognised by name only; files over 100 MB keep
+a hash but no content; the drift layer detects change by stat, not content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat as stat_mod
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import typing
+
+__version__ = "0.1.0"
+
+# ---------------------------------------------------------------------------
+# 1. Constants and configuration
+# ---------------------------------------------------------------------------
+
+STORE_DIRNAME = ".checkpoints"
+POINTER_NAME = ".task-checkpoint-store.json"
+MAX_CONTENT_BYTES = 100 * 1024 * 1024
+ANCHOR_EVERY = 20
+READ_WHOLE_LIMIT = 1 << 20
+CHUNK = 1 << 20
+LOCK_TIMEOUT = 120.0
+# Files whose mtime or ctime is this close to the moment the index was taken
+# are "racily clean": their stat may not reflect a change made in the same
+# clock tick, so the next save re-reads them.
+RACY_MARGIN_NS = 1_000_000_000
+STAT_CACHE_SUPPORTED = os.name == "posix"
+
+ALWAYS_EXCLUDED = (
+    ".git", STORE_DIRNAME, POINTER_NAME, ".branches", ".history", "backup*",
+    "*.bak", ".cursor", ".idea", ".vscode", ".workbuddy", "node_modules",
+    "__pycache__", ".venv", "venv", "target", "dist", "build",
+)
+
+SENSITIVE_DIRS = (".ssh", ".aws", ".gnupg", ".docker", ".kube", ".env",
+                  ".envdir", ".secrets", ".tokens")
+SENSITIVE_DIR_SUBSTRINGS = ("secret", "credential", "token")
+SENSITIVE_FILES = (
+    ".env", ".env.*", "*.env", "*.env.*", ".envrc",
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.p8", "*.jks", "*.keystore", "*.kdbx",
+    "*.ppk", "*.ovpn", "*_rsa", "*_dsa", "*_ed25519", "*_ecdsa", "*_key",
+    "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519",
+    ".netrc", ".git-credentials", ".npmrc", ".pypirc", ".pgpass", ".htpasswd",
+    ".my.cnf", "my.cnf", "passwd", "shadow",
+    "kubeconfig", "*.kubeconfig", "*.tfstate", "terraform.tfvars", "*.tfvars", "*.jwt",
+    "secrets.json", "token", "token.json", "token.txt", "*.token", "*_token", "auth.json",
+    "settings.py", "local_settings.py", "settings.xml", "wp-config.php", "web.config",
+    "wrangler.toml", ".dev.vars",
+    "service-account*", "service_account*", "*.serviceaccount.json", "firebase*",
+    "appsettings*.json",
+)
+# Prefix globs that would also catch prose such as docs/secrets.md: they
+# apply only when the rest of the name has no extension or a config suffix.
+SENSITIVE_PREFIXES = ("credentials", "creds", "secret")
+AMBIGUOUS_SUBSTRINGS = ("secret", "password", "passwd", "credential", "api_key",
+                        "apikey", "token", "auth_token")
+EXTENSIONLESS_SUBSTRINGS = AMBIGUOUS_SUBSTRINGS + ("mytoken", "creds")
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf",
+                   ".config", ".properties", ".xml", ".txt", ".env", ".envrc",
+                   ".cnf", ".sh", ".ps1", ".bat", ".cmd", ".sql", ".php")
+
+TRUE_WORDS = {"1", "on", "true", "yes"}
+FALSE_WORDS = {"0", "off", "false", "no"}
+PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DRIFT_ID = re.compile(r"^d[0-9]{4,9}$")
+
+
+def parse_bool(value, default):
+    """on/off, 1/0, true/false, yes/no (any case); anything else is the default."""
+    if value is None:
+        return default
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    return default
+
+
+def parse_seconds(value, default, *, minimum=0.05):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    if number != number or number < minimum:
+        return default
+    return number
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings read once from the environment and passed down."""
+
+    store: typing.Optional[str] = None
+    watch: bool = True
+    watch_interval: float = 15.0
+    drift_max_wait: float = 60.0
+    git: bool = True
+    git_verify: bool = True
+    sha_reuse: bool = False
+    full_hash: bool = False
+
+    @classmethod
+    def from_env(cls, environ=None):
+        env = os.environ if environ is None else environ
+        store = env.get("TC_STORE") or None
+        return cls(
+            store=store,
+            watch=parse_bool(env.get("TC_WATCH"), True),
+            watch_interval=parse_seconds(env.get("TC_WATCH_INTERVAL"), 15.0),
+            drift_max_wait=parse_seconds(env.get("TC_DRIFT_MAX_WAIT"), 60.0),
+            git=parse_bool(env.get("TC_GIT"), True),
+            git_verify=parse_bool(env.get("TC_GIT_VERIFY"), True),
+            sha_reuse=parse_bool(env.get("TC_SHA_REUSE"), False),
+            full_hash=parse_bool(env.get("TC_FULL_HASH"), False),
+        )
+
+
+# ---------------------------------------------------------------------------
+# 2. Errors
+# ---------------------------------------------------------------------------
+
+class CheckpointError(Exception):
+    """A failure the caller can act on; the message says what to do."""
+
+
+class InvalidArgument(CheckpointError):
+    pass
+
+
+class NotFound(CheckpointError):
+    pass
+
+
+class AlreadyExists(CheckpointError):
+    pass
+
+
+class TaskClosed(CheckpointError):
+    pass
+
+
+class UnsafePath(CheckpointError):
+    pass
+
+
+class Conflict(CheckpointError):
+    pass
+
+
+class StoreCorrupt(CheckpointError):
+    pass
+
+
+class StoreUnwritable(CheckpointError):
+    pass
+
+
+class GitError(CheckpointError):
+    pass
+
+
+def describe_os_error(exc):
+    """A one-line description of an OSError, without a traceback."""
+    name = getattr(exc, "filename", None)
+    reason = exc.strerror or exc.__class__.__name__
+    return "%s: %r" % (reason, name) if name else reason
+
+
+# ---------------------------------------------------------------------------
+# 3. File-system basics
+# ---------------------------------------------------------------------------
+
+def fsync_dir(path):
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data, *, durable=True):
+    """Write bytes to path through a unique temp file and a rename.
+
+    Readers see the old file or the new one, never a mix; on error the temp
+    file is removed and the old file is untouched.
+    """
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(directory)
+
+
+def dump_json(obj):
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True,
+                      separators=(",", ":")).encode("utf-8")
+
+
+def write_json(path, obj, *, durable=True):
+    atomic_write(path, dump_json(obj), durable=durable)
+
+
+def read_json(path):
+    """Parse a store JSON file; a damaged one raises StoreCorrupt naming it."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise StoreCorrupt("store file %r does not parse (%s); restore it from a "
+                           "backup or remove the task" % (path, exc)) from None
+
+
+def read_json_or(path, default):
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return default
+
+
+def remove_file(path):
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+if os.name == "nt":  # pragma: no cover - exercised on Windows only
+    import msvcrt
+
+    def _try_lock(fd):
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+
+    def _unlock(fd):
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+else:
+    import fcntl
+
+    def _try_lock(fd):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def _unlock(fd):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+class StoreLock:
+    """An inter-process lock on one store, re-entrant within this process.
+
+    Threads of one process queue on an RLock; processes queue on an OS file
+    lock held while the outermost holder is inside. ``on_acquire`` runs each
+    time the file lock is newly taken (abandoned journals are rolled back
+    there). A store that cannot be written (read-only disk) still allows
+    read-only work: the lock then degrades to the in-process RLock.
+    """
+
+    def __init__(self, path, *, on_acquire=None, timeout=LOCK_TIMEOUT):
+        self.path = path
+        self.timeout = timeout
+        self.on_acquire = on_acquire
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._fd = None
+
+    def __enter__(self):
+        if not self._rlock.acquire(timeout=self.timeout):
+            raise Conflict("the store %r is busy; try again" % os.path.dirname(self.path))
+        try:
+            if self._depth == 0:
+                self._acquire_file()
+            self._depth += 1
+        except BaseException:
+            self._rlock.release()
+            raise
+        if self._depth == 1 and self.on_acquire and self._fd is not None:
+            try:
+                self.on_acquire()
+            except BaseException:
+                self.__exit__(None, None, None)
+                raise
+        return self
+
+    def _acquire_file(self):
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            self._fd = None  # read-only store: in-process lock only
+            return
+        deadline = time.monotonic() + self.timeout
+        delay = 0.002
+        while not _try_lock(fd):
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise Conflict("the store %r is locked by another process; try again"
+                               % os.path.dirname(self.path))
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        self._fd = fd
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            try:
+                _unlock(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+        self._rlock.release()
+        return False
+
+    @property
+    def writable(self):
+        return self._fd is not None
+
+
+def normalize_rel(rel):
+    """Validate a workspace-relative path; return it in posix form."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise UnsafePath("path %r is empty or not a string" % (rel,))
+    text = rel.replace("\\", "/")
+    if text.startswith("/") or re.match(r"^[A-Za-z]:", text):
+        raise UnsafePath("path %r is absolute; only workspace-relative paths are allowed" % rel)
+    parts = text.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath("path %r contains an empty, '.' or '..' segment" % rel)
+    return "/".join(parts)
+
+
+def safe_workspace_path(root, rel):
+    """The absolute path of rel under root, refusing escapes and symlinked parents."""
+    rel = normalize_rel(rel)
+    current = root
+    parts = rel.split("/")
+    for part in parts[:-1]:
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise UnsafePath("path %r goes through the symlink %r" % (rel, current))
+    full = os.path.join(current, parts[-1])
+    if os.path.islink(full):
+        raise UnsafePath("path %r is a symlink" % rel)
+    return full
+
+
+def validate_root(root):
+    """An absolute, existing directory other than the filesystem root."""
+    if not isinstance(root, str) or not root.strip():
+        raise InvalidArgument("root must be an absolute path to the workspace directory")
+    if "\x00" in root:
+        raise InvalidArgument("root %r contains a NUL byte" % root)
+    if not os.path.isabs(root):
+        raise InvalidArgument("root %r is not an absolute path; pass the workspace's "
+                              "absolute path" % root)
+    real = os.path.realpath(root)
+    if not os.path.exists(real):
+        raise InvalidArgument("root %r does not exist" % root)
+    if not os.path.isdir(real):
+        raise InvalidArgument("root %r is not a directory" % root)
+    if os.path.dirname(real) == real:
+        raise InvalidArgument("root %r is the filesystem root; pass a project directory" % root)
+    return real
+
+
+def validate_abs_dir(value, name):
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgument("%s must be an absolute path" % name)
+    if not os.path.isabs(value):
+        raise InvalidArgument("%s %r is not an absolute path" % (name, value))
+    return os.path.realpath(value)
+
+
+def validate_task_id(task_id, name="task_id"):
+    if not isinstance(task_id, str) or not PLAIN_ID.match(task_id):
+        raise InvalidArgument("%s %r is not a valid task id (letters, digits, '.', '_', '-')"
+                              % (name, task_id))
+    return task_id
+
+
+def validate_drift_id(drift_id):
+    if not isinstance(drift_id, str) or not DRIFT_ID.match(drift_id):
+        raise InvalidArgument("drift_id %r is not a drift id of the form dNNNN" % (drift_id,))
+    return drift_id
+
+
+# ---------------------------------------------------------------------------
+# 4. Path policy: pure decisions about names, no I/O
+# ---------------------------------------------------------------------------
+
+def _split_ext(name):
+    base = name.lstrip(".")
+    if "." not in base:
+        return name, ""
+    stem, dot, ext = name.rpartition(".")
+    return stem, "." + ext
+
+
+class PathPolicy:
+    """What the scan skips (excluded) and what it never reads (sensitive).
+
+    Exclude patterns and the always-excluded list are globs matched against a
+    single name at any depth. Decisions are cached per name, so a walk over
+    thousands of files matches each distinct name once.
+    """
+
+    def __init__(self, exclude=(), store_rel=None):
+        self.exclude = tuple(exclude)
+        self.store_rel = store_rel
+        self._patterns = ALWAYS_EXCLUDED + self.exclude
+        self._excluded_cache = {}
+        self._sensitive_dir_cache = {}
+        self._sensitive_file_cache = {}
+
+    @staticmethod
+    def check_patterns(patterns):
+        """Validate exclude patterns: plain name globs only."""
+        if patterns is None:
+            return []
+        out = []
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern.strip():
+                raise InvalidArgument("exclude pattern %r is empty" % (pattern,))
+            if "/" in pattern or "\\" in pattern:
+                raise InvalidArgument(
+                    "exclude pattern %r contains a path separator; patterns match a "
+                    "single file or directory name (e.g. 'config', '*.log')" % pattern)
+            if pattern not in out:
+                out.append(pattern)
+        return out
+
+    def excluded_name(self, name):
+        hit = self._excluded_cache.get(name)
+        if hit is None:
+            hit = any(fnmatch.fnmatchcase(name, p) for p in self._patterns)
+            self._excluded_cache[name] = hit
+        return hit
+
+    def sensitive_dir(self, name):
+        hit = self._sensitive_dir_cache.get(name)
+        if hit is None:
+            low = name.lower()
+            hit = low in SENSITIVE_DIRS or any(s in low for s in SENSITIVE_DIR_SUBSTRINGS)
+            self._sensitive_dir_cache[name] = hit
+        return hit
+
+    def sensitive_file(self, name):
+        hit = self._sensitive_file_cache.get(name)
+        if hit is None:
+            hit = self._classify_file(name.lower())
+            self._sensitive_file_cache[name] = hit
+        return hit
+
+    @staticmethod
+    def _classify_file(low):
+        if any(fnmatch.fnmatchcase(low, p) for p in SENSITIVE_FILES):
+            return True
+        stem, ext = _split_ext(low)
+        for prefix in SENSITIVE_PREFIXES:
+            if low.startswith(prefix) and (ext == "" or ext in CONFIG_SUFFIXES):
+                return True
+        if ext in CONFIG_SUFFIXES and any(s in stem for s in AMBIGUOUS_SUBSTRINGS):
+            return True
+        if ext == "" and any(s in low for s in EXTENSIONLESS_SUBSTRINGS):
+            return True
+        return False
+
+    def excluded(self, rel):
+        """True when rel (posix, workspace-relative) is skipped by the scan."""
+        if self.store_rel and (rel == self.store_rel or rel.startswith(self.store_rel + "/")):
+            return True
+        return any(self.excluded_name(part) for part in rel.split("/"))
+
+    def sensitive(self, rel):
+        """True when rel is stored by size and mtime only, never by content."""
+        parts = rel.split("/")
+        if any(self.sensitive_dir(part) for part in parts[:-1]):
+            return True
+        return self.sensitive_file(parts[-1])
+
+
+# ---------------------------------------------------------------------------
+# 5. Scan and hash
+# ---------------------------------------------------------------------------
+
+KIND_FILE = "f"        # content stored under its sha
+KIND_SENSITIVE = "s"   # size and mtime only
+KIND_BIG = "b"         # over the content limit: streamed hash, no content
+
+
+class StatInfo(typing.NamedTuple):
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    dev: int
+    mode: int
+    sensitive: bool
+
+
+class ScanResult(typing.NamedTuple):
+    files: dict          # rel -> StatInfo
+    skipped: list        # [{"path", "reason"}]
+    started_ns: int
+
+
+def scan_tree(root, policy):
+    """Walk root without following symlinks; stat only, never read content."""
+    started = time.time_ns()
+    files = {}
+    skipped = []
+    stack = [("", False)]
+    while stack:
+        prefix, in_sensitive = stack.pop()
+        directory = os.path.join(root, prefix) if prefix else root
+        try:
+            it = os.scandir(directory)
+        except OSError as exc:
+            skipped.append({"path": prefix or ".", "reason": "unreadable directory: %s"
+                            % (exc.strerror or exc.__class__.__name__)})
+            continue
+        with it:
+            for entry in it:
+                _scan_entry(entry, prefix, in_sensitive, policy, files, skipped, stack)
+    return ScanResult(files, skipped, started)
+
+
+def _scan_entry(entry, prefix, in_sensitive, policy, files, skipped, stack):
+    name = entry.name
+    rel = prefix + "/" + name if prefix else name
+    if policy.excluded_name(name):
+        return
+    if policy.store_rel and rel == policy.store_rel:
+        return
+    try:
+        if entry.is_symlink():
+            skipped.append({"path": rel, "reason": "symlink (not followed)"})
+            return
+        if entry.is_dir(follow_symlinks=False):
+            stack.append((rel, in_sensitive or policy.sensitive_dir(name)))
+            return
+        st = entry.stat(follow_symlinks=False)
+    except OSError as exc:
+        skipped.append({"path": rel, "reason": "unreadable: %s" % (exc.strerror or exc)})
+        return
+    if not stat_mod.S_ISREG(st.st_mode):
+        skipped.append({"path": rel, "reason": "not a regular file"})
+        return
+    files[rel] = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                          st.st_dev, stat_mod.S_IMODE(st.st_mode),
+                          in_sensitive or policy.sensitive_file(name))
+
+
+def stat_key(info):
+    """The fields a stat cache compares (index rows keep them in this order)."""
+    return (info[0], info[1], info[2], info[3], info[4])
+
+
+def diff_maps(old, new):
+    """added / modified / deleted between two {path: entry} maps (entry tuples compare)."""
+    added, modified, deleted = [], [], []
+    for path, entry in new.items():
+        before = old.get(path)
+        if before is None:
+            added.append(path)
+        elif before != entry:
+            modified.append(path)
+    for path in old:
+        if path not in new:
+            deleted.append(path)
+    return sorted(added), sorted(modified), sorted(deleted)
+
+
+def hash_file(path, *, limit=None):
+    """(sha256 hex, bytes read) of a file, streamed."""
+    digest = hashlib.sha256()
+    total = 0
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(CHUNK)
+            if not block:
+                break
+            digest.update(block)
+            total += len(block)
+    return digest.hexdigest(), total
+
+
+# ---------------------------------------------------------------------------
+# 6. Payload store: the only code that knows payload/<sha[:2]>/<sha>
+# ---------------------------------------------------------------------------
+
+class PayloadStore:
+    """Content-addressed copies, written once per content, verified on read."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.pending = []  # payloads written since the last flush
+
+    def path(self, sha):
+        return os.path.join(self.directory, sha[:2], sha)
+
+    def has(self, sha):
+        return os.path.isfile(self.path(sha))
+
+    def size(self, sha):
+        try:
+            return os.path.getsize(self.path(sha))
+        except OSError:
+            return None
+
+    def put_file(self, src):
+        """Read src once, store its content, return (sha, size, mode).
+
+        Small files are read whole; large ones stream into a temp file while
+        hashing, so memory does not grow with file size.
+        """
+        with open(src, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size <= READ_WHOLE_LIMIT:
+                data = fh.read()
+                sha = hashlib.sha256(data).hexdigest()
+                if not self.has(sha):
+                    self._write_bytes(sha, data)
+                return sha, len(data), stat_mod.S_IMODE(st.st_mode)
+            return self._stream_in(fh) + (stat_mod.S_IMODE(st.st_mode),)
+
+    def put_bytes(self, data):
+        sha = hashlib.sha256(data).hexdigest()
+        if not self.has(sha):
+            self._write_bytes(sha, data)
+        return sha
+
+    def _write_bytes(self, sha, data):
+        target = self.path(sha)
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            remove_file(tmp)
+            raise
+        self.pending.append(target)
+
+    def _stream_in(self, fh):
+        os.makedirs(self.directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        digest = hashlib.sha256()
+        total = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    block = fh.read(CHUNK)
+                    if not block:
+                        break
+                    digest.update(block)
+                    out.write(block)
+                    total += len(block)
+            sha = digest.hexdigest()
+            if self.has(sha):
+                remove_file(tmp)
+            else:
+                os.makedirs(os.path.dirname(self.path(sha)), exist_ok=True)
+                os.replace(tmp, self.path(sha))
+                self.pending.append(self.path(sha))
+        except BaseException:
+            remove_file(tmp)
+            raise
+        return sha, total
+
+    def flush(self):
+        """Make every payload written since the last flush durable.
+
+        One flush before the manifest that points at them gives the same
+        guarantee as an fsync per file, at a fraction of the cost.
+        """
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        if len(pending) > 16 and hasattr(os, "sync"):
+            os.sync()
+            return
+        for path in pending:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def copy_out(self, sha, dest, mode):
+        """Write the payload to dest (a new file), verifying its hash."""
+        digest = hashlib.sha256()
+        try:
+            src = open(self.path(sha), "rb")
+        except FileNotFoundError:
+            raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
+        with src, open(dest, "xb") as out:
+            while True:
+                block = src.read(CHUNK)
+                if not block:
+                    break
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != sha:
+            remove_file(dest)
+            raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
+        os.chmod(dest, mode)
+
+    def read_verified(self, sha):
+        with open(self.path(sha), "rb") as fh:
+            data = fh.read()
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
+        return data
+
+    def delete(self, sha):
+        path = self.path(sha)
+        try:
+            size = os.path.getsize(path)
+            os.unlink(path)
+            return size
+        except OSError:
+            return 0
+
+
+# ---------------------------------------------------------------------------
+# 7. Manifests: a delta chain with a full anchor every ANCHOR_EVERY
+# ---------------------------------------------------------------------------
+# A manifest entry is a tuple (kind, sha, size, mode, mtime_ns): mtime_ns is
+# kept only for sensitive files (the one thing that tells they changed) and
+# is 0 otherwise, so touching a file does not make a new manifest.
+
+def manifest_entry(kind, sha, size, mode, mtime_ns=0):
+    return (kind, sha, size, mode, mtime_ns if kind == KIND_SENSITIVE else 0)
+
+
+class ManifestLog:
+    """manifest/mNNNN.json of one task; loads full maps with a small cache."""
+
+    CACHE_SIZE = 4
+
+    def __init__(self, directory):
+        self.directory = directory
+        self._cache = {}
+
+    def path(self, number):
+        return os.path.join(self.directory, "m%04d.json" % number)
+
+    def load(self, number):
+        """The full {path: entry} map of manifest number (0 is the empty map)."""
+        if not number:
+            return {}
+        cached = self._cache.get(number)
+        if cached is not None:
+            return cached
+        try:
+            doc = read_json(self.path(number))
+        except FileNotFoundError:
+            raise StoreCorrupt("manifest %r is missing; the store is damaged"
+                               % self.path(number)) from None
+        if doc.get("full"):
+            result = {p: tuple(e) for p, e in doc["files"].items()}
+        else:
+            result = dict(self.load(doc["base"]))
+            for path, entry in doc["changes"].items():
+                if entry is None:
+                    result.pop(path, None)
+                else:
+                    result[path] = tuple(entry)
+        self._remember(number, result)
+        return result
+
+    def depth(self, number):
+        if not number:
+            return ANCHOR_EVERY
+        return read_json(self.path(number)).get("depth", 0)
+
+    def _remember(self, number, result):
+        if len(self._cache) >= self.CACHE_SIZE:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[number] = result
+
+    def append(self, number, new_map, *, base):
+        """Write manifest number as a delta on base, or a full anchor when due."""
+        base_map = self.load(base) if base else {}
+        depth = self.depth(base) + 1 if base else ANCHOR_EVERY
+        if depth >= ANCHOR_EVERY:
+            doc = {"n": number, "full": True, "depth": 0,
+                   "files": {p: list(e) for p, e in sorted(new_map.items())}}
+        else:
+            changes = {p: list(e) for p, e in new_map.items() if base_map.get(p) != e}
+            changes.update({p: None for p in base_map if p not in new_map})
+            doc = {"n": number, "full": False, "depth": depth, "base": base,
+                   "changes": changes}
+        write_json(self.path(number), doc)
+        self._remember(number, dict(new_map))
+        return self.path(number)
+
+
+# ---------------------------------------------------------------------------
+# 8. Records: state, steps, drifts, index, the active pointer
+# ---------------------------------------------------------------------------
+
+def now_iso():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def make_state(*, task_id, name, goal, constraints, root, exclude):
+    return {
+        "format": 1, "task_id": task_id, "name": name, "goal": goal,
+        "constraints": constraints, "root": root, "status": "open",
+        "exclude": list(exclude), "created": now_iso(), "updated": now_iso(),
+        "head": 0, "last_step": 0, "last_drift": 0, "last_manifest": 0,
+        "head_manifest": 0,
+    }
+
+
+def make_step(*, index, title, description, conclusion, next_step, verified,
+              open_questions, manifest, digest, drift_id, groups):
+    return {
+        "index": index, "title": title, "description": description,
+        "conclusion": conclusion, "next": next_step, "verified": list(verified),
+        "open_questions": list(open_questions), "manifest": manifest,
+        "digest": digest, "drift_id": drift_id, "groups": groups,
+        "created": now_iso(), "created_ns": time.time_ns(),
+    }
+
+
+def make_drift(*, number, kind, manifest, added, modified, deleted, partial=False,
+               head_before=None, reason=None):
+    return {
+        "id": "d%04d" % number, "kind": kind, "manifest": manifest,
+        "added": added, "modified": modified, "deleted": deleted,
+        "partial": partial, "compressed": False, "unrestorable": [],
+        "head_before": head_before, "reason": reason,
+        "created": now_iso(), "created_ns": time.time_ns(),
+    }
+
+
+class TaskRecords:
+    """Paths and plain reads/writes of one task's records."""
+
+    def __init__(self, store_dir, task_id):
+        self.task_id = task_id
+        self.directory = os.path.join(store_dir, "tasks", task_id)
+        self.manifests = ManifestLog(os.path.join(self.directory, "manifest"))
+
+    @property
+    def state_path(self):
+        return os.path.join(self.directory, "state.json")
+
+    @property
+    def index_path(self):
+        return os.path.join(self.directory, "index.json")
+
+    def exists(self):
+        return os.path.isfile(self.state_path)
+
+    def step_path(self, index):
+        return os.path.join(self.directory, "steps", "s%04d.json" % index)
+
+    def drift_path(self, number):
+        return os.path.join(self.directory, "drifts", "d%04d.json" % number)
+
+    def read_state(self):
+        try:
+            return read_json(self.state_path)
+        except FileNotFoundError:
+            raise NotFound("task %r does not exist in this store" % self.task_id) from None
+
+    def write_state(self, state):
+        state["updated"] = now_iso()
+        write_json(self.state_path, state)
+
+    def read_step(self, index):
+        try:
+            return read_json(self.step_path(index))
+        except FileNotFoundError:
+            raise NotFound("task %r has no step %d" % (self.task_id, index)) from None
+
+    def read_drift(self, drift_id):
+        number = int(drift_id[1:])
+        try:
+            return read_json(self.drift_path(number))
+        except FileNotFoundError:
+            raise NotFound("task %r has no drift record %r" % (self.task_id, drift_id)) from None
+
+    def _numbers(self, sub, prefix):
+        try:
+            names = os.listdir(os.path.join(self.directory, sub))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".json") and name[1:-5].isdigit():
+                out.append(int(name[1:-5]))
+        return sorted(out)
+
+    def step_numbers(self):
+        return self._numbers("steps", "s")
+
+    def drift_numbers(self):
+        return self._numbers("drifts", "d")
+
+    def read_index(self):
+        """{"stamp_ns", "files": {rel: row}}; row = [size, mtime, ctime, ino, dev, mode, kind, sha]."""
+        doc = read_json_or(self.index_path, None)
+        if not doc:
+            return {"stamp_ns": 0, "files": {}}
+        return doc
+
+    def write_index(self, index_doc):
+        write_json(self.index_path, index_doc)
+
+
+def index_row(info, kind, sha):
+    return [info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev, info.mode, kind, sha]
+
+
+def row_to_entry(row):
+    """Manifest entry for an index row."""
+    return manifest_entry(row[6], row[7], row[0], row[5], row[1])
+
+
+# ---------------------------------------------------------------------------
+# 9. Journal: workspace changes that can always be rolled back
+# ---------------------------------------------------------------------------
+
+class Journal:
+    """Backup, stage and apply workspace changes; roll back on any failure.
+
+    The plan (every path the operation will touch, with the sha and mode it
+    had before, all of whose content is already in the payload store) and
+    copies of the store files it will overwrite are on disk before the first
+    workspace byte changes. Until ``finish`` removes it, a journal found by
+    anyone taking the store lock is abandoned and gets rolled back.
+    """
+
+    def __init__(self, store, op, root):
+        self.store = store
+        self.op_id = "%s-%d-%s" % (op, os.getpid(), secrets.token_hex(4))
+        self.directory = os.path.join(store.directory, "journal", self.op_id)
+        self.data = {"op": op, "root": root, "entries": [], "created_dirs": [],
+                     "removed_dirs": [], "temp_files": [], "store_new": [],
+                     "store_new_dirs": [], "store_backup": {}, "payloads_new": []}
+        self.started = False
+
+    def add_entry(self, rel, before):
+        """Plan to change rel; before is (sha, mode) of its current content or None."""
+        self.data["entries"].append([rel, list(before) if before else None])
+
+    def add_store_new(self, path):
+        self.data["store_new"].append(os.path.relpath(path, self.store.directory))
+
+    def backup_store_file(self, path):
+        rel = os.path.relpath(path, self.store.directory)
+        if rel in self.data["store_backup"]:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        if os.path.isfile(path):
+            name = "backup-%d" % len(self.data["store_backup"])
+            shutil.copyfile(path, os.path.join(self.directory, name))
+            self.data["store_backup"][rel] = name
+        else:
+            self.data["store_backup"][rel] = None
+
+    def begin(self, payloads_new=()):
+        self.data["payloads_new"] = sorted(set(payloads_new))
+        self.store.payloads.flush()
+        write_json(os.path.join(self.directory, "plan.json"), self.data)
+        self.started = True
+
+    def temp_name(self, full):
+        tmp = "%s.tc-%s" % (full, self.op_id)
+        return tmp
+
+    def finish(self):
+        shutil.rmtree(self.directory, ignore_errors=True)
+        fsync_dir(os.path.dirname(self.directory))
+
+    def rollback(self):
+        rollback_journal(self.store, self.directory, self.data)
+
+
+def _put_back(payloads, full, before):
+    """Make full hold (sha, mode) again; a no-op when it already does."""
+    sha, mode = before
+    if os.path.isfile(full) and not os.path.islink(full):
+        try:
+            if os.path.getsize(full) == payloads.size(sha) and hash_file(full)[0] == sha:
+                os.chmod(full, mode)
+                return
+        except OSError:
+            pass
+    if os.path.isdir(full) and not os.path.islink(full):
+        try:
+            os.rmdir(full)
+        except OSError:
+            pass
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    tmp = full + ".tc-rollback"
+    remove_file(tmp)
+    payloads.copy_out(sha, tmp, mode)
+    os.replace(tmp, full)
+
+
+def rollback_journal(store, directory, data=None):
+    """Undo an operation described by a journal; safe to run more than once."""
+    if data is None:
+        try:
+            data = read_json(os.path.join(directory, "plan.json"))
+        except (FileNotFoundError, StoreCorrupt):
+            shutil.rmtree(directory, ignore_errors=True)  # never started
+            return
+    root = data["root"]
+    if os.path.isdir(root):
+        for rel, before in reversed(data["entries"]):
+            try:
+                full = safe_workspace_path(root, rel)
+            except UnsafePath:
+                continue
+            if before is None:
+                if os.path.isfile(full):
+                    remove_file(full)
+            else:
+                _put_back(store.payloads, full, before)
+        for tmp in data["temp_files"]:
+            remove_file(tmp)
+        for rel in reversed(data["created_dirs"]):
+            try:
+                os.rmdir(os.path.join(root, rel))
+            except OSError:
+                pass
+        for rel in data["removed_dirs"]:
+            os.makedirs(os.path.join(root, rel), exist_ok=True)
+    for rel in data["store_new"]:
+        remove_file(os.path.join(store.directory, rel))
+    for rel in data.get("store_new_dirs", []):
+        shutil.rmtree(os.path.join(store.directory, rel), ignore_errors=True)
+    for rel, backup in data["store_backup"].items():
+        target = os.path.join(store.directory, rel)
+        if backup is None:
+            remove_file(target)
+        else:
+            with open(os.path.join(directory, backup), "rb") as fh:
+                atomic_write(target, fh.read())
+    for path in data["payloads_new"]:
+        remove_file(path)
+    store.forget_caches()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# 10. Watcher: a pure quiet-period decision plus a thread that applies it
+# ---------------------------------------------------------------------------
+
+def watch_decision(pending, now, signature, max_wait):
+    """Decide what a watcher tick does.
+
+    pending is None or (first_seen, last_signature); signature describes the
+    unrecorded changes seen now (empty when there are none). Returns
+    (action, new_pending) with action one of "idle", "wait", "capture",
+    "partial": capture once the tree stopped changing for one tick; record a
+    partial snapshot when it keeps changing for max_wait seconds.
+    """
+    if not signature:
+        return "idle", None
+    if pending is None:
+        return "wait", (now, signature)
+    first_seen, last_signature = pending
+    if signature == last_signature:
+        return "capture", None
+    if now - first_seen >= max_wait:
+        return "partial", (now, signature)
+    return "wait", (first_seen, signature)
+
+
+class FailureThrottle:
+    """Log the 1st, 10th, 100th... consecutive failure of a key, and one recovery."""
+
+    def __init__(self, log):
+        self.log = log
+        self.counts = {}
+
+    def failed(self, key, message):
+        count = self.counts.get(key, 0) + 1
+        self.counts[key] = count
+        if count == 1 or (count >= 10 and str(count).strip("0") == "1"):
+            self.log("watcher: %s failed (%d in a row): %s" % (key, count, message))
+
+    def succeeded(self, key):
+        if self.counts.pop(key, 0):
+            self.log("watcher: %s recovered" % key)
+
+
+class Watcher:
+    """Background thread: every interval, check each watched root once."""
+
+    def __init__(self, checkpoints, *, interval, max_wait, log):
+        self.checkpoints = checkpoints
+        self.interval = interval
+        self.max_wait = max_wait
+        self.throttle = FailureThrottle(log)
+        self.pending = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tc-watcher", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self, timeout=5.0):
+        self.stop_event.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _run(self):
+        while not self.stop_event.wait(self.interval):
+            for root in self.checkpoints.watched_roots():
+                if self.stop_event.is_set():
+                    return
+                self.tick(root)
+
+    def tick(self, root, now=None):
+        now = time.monotonic() if now is None else now
+        try:
+            signature = self.checkpoints.unrecorded_signature(root)
+            action, self.pending[root] = watch_decision(
+                self.pending.get(root), now, signature, self.max_wait)
+            if action in ("capture", "partial"):
+                self.checkpoints.capture(root, source="watch", partial=action == "partial")
+            self.throttle.succeeded(root)
+            return action
+        except Exception as exc:  # a tick must never kill the thread
+            self.pending.pop(root, None)
+            self.throttle.failed(root, "%s: %s" % (exc.__class__.__name__, exc))
+            return "error"
+
+    def is_waiting(self, root):
+        return self.pending.get(root) is not None
+
+    def reset(self, root):
+        self.pending.pop(root, None)
+
+
+# ---------------------------------------------------------------------------
+# 11. Git refs (see GitRefWriter below)
+# ---------------------------------------------------------------------------
+
+class GitRefWriter:
+    """Placeholder until the git section lands: never starts git."""
+
+    def __init__(self, *, enabled, verify, log):
+        self.enabled = enabled
+        self.verify = verify
+        self.log = log
+
+    @staticmethod
+    def skipped(reason):
+        return {"ok": False, "ref": None, "reason": reason, "unchanged": None}
+
+    def write_step_ref(self, **kwargs):
+        if not self.enabled:
+            return self.skipped("TC_GIT=off")
+        return self.skipped("not a git repo")
+
+
+# ---------------------------------------------------------------------------
+# 13. The store and the Checkpoints facade: one short method per tool
+# ---------------------------------------------------------------------------
+
+class Store:
+    """One store directory: lock, payloads, per-task records, the active pointer."""
+
+    def __init__(self, directory, log):
+        self.directory = directory
+        self.log = log
+        self.payloads = PayloadStore(os.path.join(directory, "payload"))
+        self.lock = StoreLock(os.path.join(directory, "state.lock"),
+                              on_acquire=self.recover_journals)
+        self._tasks = {}
+
+    def task(self, task_id):
+        records = self._tasks.get(task_id)
+        if records is None:
+            records = self._tasks[task_id] = TaskRecords(self.directory, task_id)
+        return records
+
+    def forget_caches(self):
+        self._tasks.clear()
+
+    def task_ids(self):
+        try:
+            names = os.listdir(os.path.join(self.directory, "tasks"))
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if PLAIN_ID.match(n))
+
+    @property
+    def current_path(self):
+        return os.path.join(self.directory, "current.json")
+
+    def read_current(self):
+        doc = read_json_or(self.current_path, None) or {}
+        active = doc.get("active")
+        return dict(active) if isinstance(active, dict) else {}
+
+    def write_current(self, active):
+        write_json(self.current_path, {"format": 1, "active": active})
+
+    def journal_dirs(self):
+        base = os.path.join(self.directory, "journal")
+        try:
+            return [os.path.join(base, n) for n in sorted(os.listdir(base))]
+        except FileNotFoundError:
+            return []
+
+    def recover_journals(self):
+        """Roll back operations whose process died (called with the lock newly held)."""
+        for directory in self.journal_dirs():
+            self.log("rolling back the interrupted operation %s" % os.path.basename(directory))
+            rollback_journal(self, directory)
+
+
+class Snapshot(typing.NamedTuple):
+    entries: dict   # rel -> manifest entry
+    rows: dict      # rel -> index row
+    reads: int
+    skipped: list
+    stamp_ns: int
+    created: list   # payload paths written for this snapshot
+
+
+class Workspace:
+    """A validated root, its store, and (when resolved) a task."""
+
+    def __init__(self, root, store, task_id=None, state=None):
+        self.root = root
+        self.store = store
+        self.task_id = task_id
+        self.state = state
+
+    @property
+    def records(self):
+        return self.store.task(self.task_id)
+
+    def policy(self):
+        exclude = self.state.get("exclude", []) if self.state else []
+        return PathPolicy(exclude, store_rel=store_rel_in(self.root, self.store.directory))
+
+
+def store_rel_in(root, store_dir):
+    """store_dir relative to root when it lies inside root, else None."""
+    rel = os.path.relpath(store_dir, root)
+    if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir or os.path.isabs(rel):
+        return None
+    return rel.replace(os.sep, "/")
+
+
+def slugify(name):
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
+    return slug or "task"
+
+
+def files_digest(entries):
+    digest = hashlib.sha256()
+    for path in sorted(entries):
+        digest.update(json.dumps([path, list(entries[path])]).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def step_digest(title, files, conclusion, next_step, verified):
+    blob = json.dumps([title, files, conclusion, next_step, list(verified)],
+                      ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def find_groups(entries):
+    """Top-level X.p3d expects the companion X.p3dat."""
+    groups = []
+    for path in sorted(entries):
+        if "/" not in path and path.lower().endswith(".p3d"):
+            companion = path + "at"
+            groups.append({"main": path, "companion": companion,
+                           "status": "ok" if companion in entries else "missing"})
+    return groups
+
+
+def recorded_entries(index_doc):
+    return {rel: row_to_entry(row) for rel, row in index_doc["files"].items()}
+
+
+class Checkpoints:
+    """The ten operations; every public method returns a plain dict."""
+
+    def __init__(self, config=None, *, log=None):
+        self.config = config or Config.from_env()
+        self._log_sink = log
+        self._stores = {}
+        self._guard = threading.RLock()
+        self._watched = {}
+        self.git = GitRefWriter(enabled=self.config.git, verify=self.config.git_verify,
+                                log=self.log)
+        self.watcher = None
+
+    # -- plumbing ---------------------------------------------------------
+
+    def log(self, message):
+        if self._log_sink:
+            try:
+                self._log_sink(message)
+            except Exception:
+                pass
+
+    def start_watcher(self):
+        if self.config.watch and self.watcher is None:
+            self.watcher = Watcher(self, interval=self.config.watch_interval,
+                                   max_wait=self.config.drift_max_wait, log=self.log)
+            self.watcher.start()
+        return self.watcher
+
+    def stop_watcher(self):
+        if self.watcher:
+            self.watcher.stop()
+
+    def watched_roots(self):
+        with self._guard:
+            return list(self._watched)
+
+    def _watch(self, root, store):
+        with self._guard:
+            self._watched[root] = store.directory
+
+    def _store(self, directory):
+        directory = os.path.realpath(directory)
+        with self._guard:
+            store = self._stores.get(directory)
+            if store is None:
+                store = self._stores[directory] = Store(directory, self.log)
+            return store
+
+    def store_dir_for(self, root):
+        """TC_STORE, else the workspace's pointer file, else <root>/.checkpoints."""
+        if self.config.store:
+            return self._checked_store_path(root, self.config.store, "TC_STORE")
+        pointer = os.path.join(root, POINTER_NAME)
+        if os.path.isfile(pointer) and not os.path.islink(pointer):
+            try:
+                target = read_json(pointer).get("store")
+            except (StoreCorrupt, OSError, AttributeError):
+                target = None
+            if isinstance(target, str) and os.path.isabs(target):
+                return os.path.realpath(target)
+            raise StoreCorrupt("the store pointer %r is damaged; fix or delete it" % pointer)
+        return os.path.join(root, STORE_DIRNAME)
+
+    @staticmethod
+    def _checked_store_path(root, store, name):
+        if not isinstance(store, str) or not os.path.isabs(store):
+            raise InvalidArgument("%s %r must be an absolute path" % (name, store))
+        real = os.path.realpath(store)
+        if real == root:
+            raise InvalidArgument("%s %r is the workspace root itself; choose a directory "
+                                  "outside it or a subdirectory" % (name, store))
+        if os.path.dirname(real) == real:
+            raise InvalidArgument("%s %r is the filesystem root" % (name, store))
+        if os.path.exists(real) and not os.path.isdir(real):
+            raise InvalidArgument("%s %r exists and is not a directory" % (name, store))
+        rel = store_rel_in(real, root)
+        if rel is not None:
+            raise InvalidArgument("%s %r contains the workspace; choose another directory"
+                                  % (name, store))
+        return real
+
+    def _workspace(self, root, task_id=None, *, need_task=True):
+        root = validate_root(root)
+        if task_id is not None:
+            validate_task_id(task_id)
+        store = self._store(self.store_dir_for(root))
+        ws = Workspace(root, store)
+        if not need_task and task_id is None:
+            ws.task_id = store.read_current().get(root) if os.path.isdir(store.directory) else None
+        else:
+            ws.task_id = task_id or (store.read_current().get(root)
+                                     if os.path.isdir(store.directory) else None)
+        if ws.task_id is None:
+            if need_task:
+                raise NotFound("no active task for %r: start one with tc_init" % root)
+            return ws
+        ws.state = ws.records.read_state()
+        if ws.state.get("root") != root:
+            raise InvalidArgument("task %r belongs to the workspace %r, not %r"
+                                  % (ws.task_id, ws.state.get("root"), root))
+        return ws
+
+    def _need_writable(self, ws):
+        if not ws.store.lock.writable:
+            raise StoreUnwritable("the store %r cannot be written (read-only or missing "
+                                  "permissions); free it or point TC_STORE elsewhere"
+                                  % ws.store.directory)
+
+    # -- snapshots ----------------------------------------------------------
+
+    def _trusted(self, row, info, stamp_ns):
+        if row is None or self.config.full_hash:
+            return False
+        if self.config.sha_reuse:
+            return row[0] == info.size and row[1] == info.mtime_ns
+        if not STAT_CACHE_SUPPORTED:
+            return False
+        return (tuple(row[:5]) == stat_key(info) and row[1] < stamp_ns and row[2] < stamp_ns)
+
+    def _snapshot(self, ws, *, store_content, verify_payloads=False, scan=None):
+        """Entries and index rows of the workspace as it is now.
+
+        Re-reads only files the stat cache cannot vouch for; stores content of
+        what it reads when store_content is set (sensitive files never read).
+        """
+        scan = scan or scan_tree(ws.root, ws.policy())
+        index_doc = ws.records.read_index()
+        old_rows, stamp_ns = index_doc["files"], index_doc.get("stamp_ns", 0)
+        payloads = ws.store.payloads
+        entries, rows, skipped, created = {}, {}, list(scan.skipped), []
+        reads = 0
+        for rel, info in scan.files.items():
+            if info.sensitive:
+                rows[rel] = index_row(info, KIND_SENSITIVE, None)
+                entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
+                                              info.mtime_ns)
+                continue
+            row = old_rows.get(rel)
+            if (self._trusted(row, info, stamp_ns) and row[6] != KIND_SENSITIVE
+                    and not (verify_payloads and row[6] == KIND_FILE and not payloads.has(row[7]))):
+                rows[rel] = index_row(info, row[6], row[7])
+                entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
+                continue
+            try:
+                kind, sha, size, mode = self._read_file(ws, rel, info, store_content, created)
+            except OSError as exc:
+                skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(exc)})
+                continue
+            reads += 1
+            rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
+            entries[rel] = manifest_entry(kind, sha, size, mode)
+        return Snapshot(entries, rows, reads, skipped,
+                        scan.started_ns - RACY_MARGIN_NS, created)
+
+    def _read_file(self, ws, rel, info, store_content, created):
+        full = os.path.join(ws.root, *rel.split("/"))
+        if info.size > MAX_CONTENT_BYTES:
+            sha, size = hash_file(full)
+            return KIND_BIG, sha, size, info.mode
+        if not store_content:
+            sha, size = hash_file(full)
+            return KIND_FILE, sha, size, info.mode
+        before = len(ws.store.payloads.pending)
+        sha, size, mode = ws.store.payloads.put_file(full)
+        created.extend(ws.store.payloads.pending[before:])
+        if size > MAX_CONTENT_BYTES:  # grew while being read
+            return KIND_BIG, sha, size, mode
+        return KIND_FILE, sha, size, mode
+
+    def _write_index(self, ws, snap, old_index):
+        if snap.rows != old_index["files"] or old_index.get("stamp_ns") != snap.stamp_ns:
+            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows})
+
+    def _record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
+                      head_before=None, reason=None, lists=None):
+        """Write a manifest and a drift record for entries; returns the record.
+
+        lists (added, modified, deleted) overrides the diff against old_entries.
+        """
+        added, modified, deleted = lists or diff_maps(old_entries, entries)
+        ws.store.payloads.flush()
+        number = state["last_manifest"] + 1
+        ws.records.manifests.append(number, entries, base=state["last_manifest"])
+        state["last_manifest"] = number
+        drift_no = state["last_drift"] + 1
+        drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
+                           modified=modified, deleted=deleted, partial=partial,
+                           head_before=head_before, reason=reason)
+        write_json(ws.records.drift_path(drift_no), drift)
+        state["last_drift"] = drift_no
+        return drift
+
+    # -- tc_init / tc_switch ------------------------------------------------
+
+    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
+        root = validate_root(root)
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidArgument("name must be a non-empty string")
+        exclude = PathPolicy.check_patterns(exclude)
+        if store is not None:
+            store_dir = self._checked_store_path(root, store, "store")
+        else:
+            store_dir = self.store_dir_for(root)
+        external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
+        st = self._store(store_dir)
+        ws = Workspace(root, st)
+        with st.lock:
+            self._need_writable(ws)
+            active = st.read_current()
+            prev = active.get(root)
+            prev_suspended = self._suspend(st, prev)
+            task_id = self._new_task_id(st, name)
+            ws.task_id = task_id
+            ws.state = make_state(task_id=task_id, name=name.strip(), goal=goal or "",
+                                  constraints=constraints or "", root=root, exclude=exclude)
+            baseline = self._baseline(ws)
+            ws.records.write_state(ws.state)
+            active[root] = task_id
+            st.write_current(active)
+            if external:
+                write_json(os.path.join(root, POINTER_NAME), {"store": st.directory})
+        self._watch(root, st)
+        note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
+                % (baseline, len(ws.records.read_index()["files"])))
+        return {"task_id": task_id, "name": ws.state["name"], "store": st.directory,
+                "store_is_external": external, "prev_suspended": prev_suspended,
+                "exclude": exclude, "note": note}
+
+    def _new_task_id(self, store, name):
+        slug = slugify(name)
+        while True:
+            task_id = "%s-%s" % (slug, secrets.token_hex(3))
+            if not store.task(task_id).exists():
+                return task_id
+
+    def _suspend(self, store, task_id):
+        if not task_id:
+            return None
+        records = store.task(task_id)
+        try:
+            state = records.read_state()
+        except (NotFound, StoreCorrupt):
+            return None
+        if state.get("status") != "open":
+            return None
+        state["status"] = "suspended"
+        records.write_state(state)
+        return task_id
+
+    def _baseline(self, ws):
+        """Record the workspace as the task finds it, as drift d0001."""
+        snap = self._snapshot(ws, store_content=True)
+        drift = self._record_drift(ws, ws.state, snap.entries, {}, kind="baseline")
+        ws.state["index_manifest"] = drift["manifest"]
+        ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows})
+        return drift["id"]
+
+    def switch(self, root, task_id):
+        validate_task_id(task_id)
+        ws = self._workspace(root, task_id)
+        with ws.store.lock:
+            self._need_writable(ws)
+            state = ws.records.read_state()
+            if state["status"] == "closed":
+                raise TaskClosed("task %r is closed; it can be read (tc_show, tc_resume) but "
+                                 "not reopened" % task_id)
+            active = ws.store.read_current()
+            previous = active.get(ws.root)
+            if previous != task_id:
+                self._suspend(ws.store, previous)
+            if state["status"] != "open":
+                state["status"] = "open"
+                ws.records.write_state(state)
+            active[ws.root] = task_id
+            ws.store.write_current(active)
+        self._watch(ws.root, ws.store)
+        return {"task_id": task_id, "status": "open"}
+
+    # -- tc_save ------------------------------------------------------------
+
+    def save(self, root, title, *, task_id=None, description="", conclusion="", next="",
+             verified=(), open_questions=(), close=False, paths=()):
+        if paths:
+            raise InvalidArgument("paths must be empty: a save always records the whole "
+                                  "workspace (use exclude on tc_init to leave files out)")
+        if not isinstance(title, str) or not title.strip():
+            raise InvalidArgument("title must be a non-empty string")
+        ws = self._workspace(root, task_id)
+        with ws.store.lock:
+            self._need_writable(ws)
+            changed = self._activate(ws)
+            state = ws.state = ws.records.read_state()
+            if state["status"] == "closed":
+                raise TaskClosed("task %r is closed; start a new one with tc_init" % ws.task_id)
+            result = self._commit_step(ws, state, title.strip(), description or "",
+                                       conclusion or "", next or "", list(verified or ()),
+                                       list(open_questions or ()), bool(close))
+        result["active_task_changed"] = changed
+        self._watch(ws.root, ws.store)
+        if self.watcher:
+            self.watcher.reset(ws.root)
+        step = result.pop("_step", None)
+        if step is None:
+            result["git"] = self.git.skipped("no new step")
+        else:
+            result["git"] = self._git_ref(ws, step)
+        return result
+
+    def _activate(self, ws):
+        """Make ws.task_id the active task of its root; True when that changed it."""
+        active = ws.store.read_current()
+        previous = active.get(ws.root)
+        if previous == ws.task_id:
+            return False
+        self._suspend(ws.store, previous)
+        state = ws.records.read_state()
+        if state["status"] == "suspended":
+            state["status"] = "open"
+            ws.records.write_state(state)
+        active[ws.root] = ws.task_id
+        ws.store.write_current(active)
+        return True
+
+    def _commit_step(self, ws, state, title, description, conclusion, next_step,
+                     verified, open_questions, close):
+        """The save pipeline: payloads -> (drift) -> manifest -> step -> state -> index."""
+        old_index = ws.records.read_index()
+        snap = self._snapshot(ws, store_content=True)
+        old_entries = recorded_entries(old_index)
+        drift_id = None
+        if snap.entries != old_entries or not state.get("index_manifest"):
+            if state.get("index_manifest"):
+                drift_id = self._record_drift(ws, state, snap.entries, old_entries,
+                                              kind="save")["id"]
+            else:
+                self._record_manifest(ws, state, snap.entries)
+            state["index_manifest"] = state["last_manifest"]
+        manifest_no = state["index_manifest"]
+        digest = step_digest(title, files_digest(snap.entries), conclusion, next_step, verified)
+        head = ws.records.read_step(state["head"]) if state["head"] else None
+        result = {"task_id": ws.task_id, "title": title, "groups": find_groups(snap.entries),
+                  "skipped_paths": snap.skipped}
+        if head is not None and head.get("digest") == digest and not drift_id:
+            index, idempotent, new_step = head["index"], True, None
+        else:
+            index, idempotent = state["last_step"] + 1, False
+            new_step = make_step(index=index, title=title, description=description,
+                                 conclusion=conclusion, next_step=next_step, verified=verified,
+                                 open_questions=open_questions, manifest=manifest_no,
+                                 digest=digest, drift_id=drift_id, groups=result["groups"])
+            write_json(ws.records.step_path(index), new_step)
+            state["last_step"] = state["head"] = index
+            state["head_manifest"] = manifest_no
+        if close:
+            state["status"] = "closed"
+            state["closed"] = now_iso()
+        ws.records.write_state(state)
+        self._write_index(ws, snap, old_index)
+        result.update({"index": index, "idempotent": idempotent, "closed": close,
+                       "status": state["status"]})
+        if new_step is not None and not close:
+            result["_step"] = (index, snap.entries, title)
+        return result
+
+    def _record_manifest(self, ws, state, entries):
+        ws.store.payloads.flush()
+        number = state["last_manifest"] + 1
+        ws.records.manifests.append(number, entries, base=state["last_manifest"])
+        state["last_manifest"] = number
+        return number
+
+    def _git_ref(self, ws, step):
+        index, entries, title = step
+        rows = [(rel, e[3], e[1], e[0]) for rel, e in sorted(entries.items())]
+        try:
+            return self.git.write_step_ref(
+                root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
+                step_index=index, entries=rows, payload_path=ws.store.payloads.path,
+                message="checkpoint %s s%04d: %s" % (ws.task_id, index, title))
+        except Exception as exc:  # git never fails a save
+            self.log("git ref failed: %s" % traceback.format_exc())
+            return {"ok": False, "ref": None, "reason": "git failed", "unchanged": None,
+                    "error": str(exc)}
+
+    # -- tc_show ------------------------------------------------------------
+
+    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
+        ws = self._workspace(root, task_id)
+        with ws.store.lock:
+            state = ws.records.read_state()
+            if index is not None:
+                step = ws.records.read_step(index)
+                steps = [self._step_view(step, state, files=ws.records.manifests.load(
+                    step["manifest"]))]
+                numbers, next_cursor = [], None
+            else:
+                numbers = ws.records.step_numbers()
+                page = numbers[cursor:cursor + limit]
+                steps = [self._step_view(ws.records.read_step(n), state) for n in page]
+                next_cursor = cursor + limit if cursor + limit < len(numbers) else None
+            drifts = []
+            if include_drift:
+                drift_numbers = ws.records.drift_numbers()
+                page = drift_numbers[cursor:cursor + limit]
+                drifts = [self._drift_view(ws.records.read_drift("d%04d" % n)) for n in page]
+                if cursor + limit < len(drift_numbers):
+                    next_cursor = cursor + limit
+        return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
+                "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
+                "total_steps": len(numbers) if index is None else None}
+
+    @staticmethod
+    def _step_view(step, state, files=None):
+        view = {k: step.get(k) for k in ("index", "title", "description", "conclusion",
+                                         "next", "verified", "open_questions", "created",
+                                         "drift_id")}
+        view["head"] = step["index"] == state["head"]
+        if files is not None:
+            view["files"] = [{"path": p, "size": e[2], "mode": "%o" % e[3],
+                              "kind": {"f": "file", "s": "sensitive", "b": "large"}[e[0]],
+                              "sha256": e[1]} for p, e in sorted(files.items())]
+        return view
+
+    @staticmethod
+    def _drift_view(drift):
+        view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
+                                          "added", "modified", "deleted", "head_before")}
+        view["restorable"] = not drift.get("compressed")
+        return view
+
+    # -- tc_resume ----------------------------------------------------------
+
+    def resume(self, root, *, task_id=None):
+        """Read-only: where the task stands, and what changed since it was recorded."""
+        ws = self._workspace(root, task_id)
+        errors = []
+        with ws.store.lock:
+            state = ws.records.read_state()
+            last = ws.records.read_step(state["head"]) if state["head"] else None
+            index_doc = self._read_index_checked(ws, errors)
+            active = ws.store.read_current().get(ws.root)
+        ws.state = state
+        scan = scan_tree(ws.root, ws.policy())
+        drift_paths = self._drift_paths(scan, index_doc)
+        errors.extend(self._health(ws, state))
+        last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
+                                                          "next")}
+        next_step = last_view["next"]
+        result = {"task_id": ws.task_id, "name": state["name"], "status": state["status"],
+                  "goal": state["goal"], "constraints": state["constraints"],
+                  "head": state["head"], "last": last_view,
+                  "open_questions": (last or {}).get("open_questions", []),
+                  "drift_paths": drift_paths, "next": next_step,
+                  "health": {"ok": not errors, "errors": errors},
+                  "store": ws.store.directory, "active_task": active, "skipped": scan.skipped}
+        result["handoff"] = handoff_text(state, last, drift_paths)
+        return result
+
+    def _read_index_checked(self, ws, errors):
+        try:
+            return ws.records.read_index()
+        except StoreCorrupt as exc:
+            errors.append(str(exc))
+            return {"stamp_ns": 0, "files": {}}
+
+    @staticmethod
+    def _drift_paths(scan, index_doc):
+        rows = index_doc["files"]
+        paths = [rel for rel, info in scan.files.items()
+                 if rel not in rows or rows[rel][0] != info.size or rows[rel][1] != info.mtime_ns]
+        paths.extend(rel for rel in rows if rel not in scan.files)
+        return sorted(paths)
+
+    def _health(self, ws, state):
+        """Problems with the store itself: leftovers, unreadable records, lost content."""
+        errors = []
+        for dirpath, _dirs, names in os.walk(ws.records.directory):
+            for name in names:
+                full = os.path.join(dirpath, name)
+                if name.startswith(".tmp-"):
+                    errors.append("leftover temporary file %r (an interrupted write)" % full)
+                elif name.endswith(".json"):
+                    try:
+                        read_json(full)
+                    except StoreCorrupt as exc:
+                        errors.append(str(exc))
+                    except OSError as exc:
+                        errors.append("cannot read %r: %s" % (full, describe_os_error(exc)))
+        if ws.store.journal_dirs():
+            errors.append("an interrupted restore or import is pending; it is rolled back "
+                          "by the next tool call that writes")
+        if state.get("head"):
+            errors.extend(self._missing_content(ws, state))
+        return errors
+
+    def _missing_content(self, ws, state):
+        try:
+            step = ws.records.read_step(state["head"])
+            entries = ws.records.manifests.load(step["manifest"])
+        except CheckpointError as exc:
+            return [str(exc)]
+        missing = [p for p, e in entries.items()
+                   if e[0] == KIND_FILE and not ws.store.payloads.has(e[1])]
+        if missing:
+            return ["content of %d file(s) of step %d is missing from the store, e.g. %r"
+                    % (len(missing), state["head"], sorted(missing)[0])]
+        return []
+
+    # -- tc_capture ---------------------------------------------------------
+
+    def unrecorded_signature(self, root):
+        """Stat-only description of unrecorded changes (empty when there are none)."""
+        with self._guard:
+            store_dir = self._watched.get(root)
+        ws = self._workspace(root)
+        if store_dir and ws.store.directory != store_dir:
+            return ()
+        if ws.state["status"] != "open":
+            return ()
+        index_doc = ws.records.read_index()
+        rows = index_doc["files"]
+        scan = scan_tree(ws.root, ws.policy())
+        changed = []
+        for rel, info in scan.files.items():
+            row = rows.get(rel)
+            if row is None or tuple(row[:5]) != stat_key(info):
+                changed.append((rel,) + stat_key(info))
+        changed.extend((rel,) for rel in rows if rel not in scan.files)
+        return tuple(sorted(changed))
+
+    def capture(self, root, *, source="capture", partial=False):
+        ws = self._workspace(root)
+        waiting = bool(self.watcher and self.watcher.is_waiting(ws.root))
+        with ws.store.lock:
+            self._need_writable(ws)
+            state = ws.state = ws.records.read_state()
+            if state["status"] == "closed":
+                raise TaskClosed("task %r is closed; nothing is recorded for it" % ws.task_id)
+            old_index = ws.records.read_index()
+            snap = self._snapshot(ws, store_content=True)
+            old_entries = recorded_entries(old_index)
+            drift = None
+            if snap.entries != old_entries:
+                drift = self._record_drift(ws, state, snap.entries, old_entries, kind=source,
+                                           partial=partial or waiting)
+                state["index_manifest"] = drift["manifest"]
+                ws.records.write_state(state)
+            self._write_index(ws, snap, old_index)
+        self._watch(ws.root, ws.store)
+        if self.watcher and source == "capture":
+            self.watcher.reset(ws.root)
+        return {"captured": drift is not None, "waiting": waiting,
+                "drift_id": drift["id"] if drift else None,
+                "partial": bool(drift and drift["partial"]), "reads": snap.reads,
+                "skipped_paths": snap.skipped,
+                "added": drift["added"] if drift else [],
+                "modified": drift["modified"] if drift else [],
+                "deleted": drift["deleted"] if drift else []}
+
+    # -- tc_restore ---------------------------------------------------------
+
+    def restore(self, root, *, index=None, drift_id=None, apply=False):
+        if (index is None) == (drift_id is None):
+            raise InvalidArgument("pass exactly one of index (a step number) or drift_id "
+                                  "(a drift record such as 'd0003')")
+        if drift_id is not None:
+            validate_drift_id(drift_id)
+        ws = self._workspace(root)
+        with ws.store.lock:
+            state = ws.state = ws.records.read_state()
+            if apply:
+                self._need_writable(ws)
+                if state["status"] == "closed":
+                    raise TaskClosed("task %r is closed: a restore can be previewed "
+                                     "(apply: false) but not applied" % ws.task_id)
+            target_no, head_after = self._restore_target(ws, state, index, drift_id)
+            target = ws.records.manifests.load(target_no)
+            snap = self._snapshot(ws, store_content=apply, verify_payloads=apply)
+            plan = plan_restore(target, snap.entries, ws.store.payloads.has)
+            recovered = None
+            if apply:
+                recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
+                                                head_after)
+        if apply and self.watcher:
+            self.watcher.reset(ws.root)
+        return {"applied": bool(apply), "recovered": recovered,
+                "plan": {k: plan[k] for k in ("to_delete", "to_write", "to_replace",
+                                              "unrestorable")},
+                "skipped_paths": snap.skipped, "head": head_after if apply else state["head"],
+                "target": ("s%04d" % index) if index is not None else drift_id}
+
+    def _restore_target(self, ws, state, index, drift_id):
+        if index is not None:
+            if index < 1 or index > state["last_step"]:
+                raise NotFound("task %r has no step %d (steps are 1..%d)"
+                               % (ws.task_id, index, state["last_step"]))
+            step = ws.records.read_step(index)
+            return step["manifest"], index
+        drift = ws.records.read_drift(drift_id)
+        if drift.get("compressed"):
+            raise InvalidArgument("drift %r was reclaimed by tc_compress and can no longer be "
+                                  "restored; pick a step or a newer drift" % drift_id)
+        head_after = state["head"]
+        if drift.get("kind") == "recovered" and drift.get("head_before") is not None:
+            head_after = drift["head_before"]
+        return drift["manifest"], head_after
+
+    def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after):
+        journal = Journal(ws.store, "restore", ws.root)
+        current = snap.entries
+        for rel in plan["to_delete"] + plan["to_replace"]:
+            journal.add_entry(rel, (current[rel][1], current[rel][3]))
+        for rel in plan["to_write"]:
+            journal.add_entry(rel, None)
+        journal.data["created_dirs"] = missing_dirs(ws.root, plan["to_write"] + plan["to_replace"])
+        journal.data["temp_files"] = [journal.temp_name(os.path.join(ws.root, *r.split("/")))
+                                      for r in plan["to_write"] + plan["to_replace"]]
+        journal.add_store_new(ws.records.manifests.path(state["last_manifest"] + 1))
+        journal.add_store_new(ws.records.drift_path(state["last_drift"] + 1))
+        journal.backup_store_file(ws.records.state_path)
+        journal.backup_store_file(ws.records.index_path)
+        journal.begin(payloads_new=snap.created)
+        try:
+            self._apply_plan(ws, journal, target, plan)
+            rows = self._rows_after_restore(ws, snap, target, plan)
+            # The recovered record lists what undoing the restore brings back.
+            drift = self._record_drift(
+                ws, state, current, None, kind="recovered", head_before=state["head"],
+                lists=(plan["to_delete"], plan["to_replace"], plan["to_write"]))
+            state["head"] = head_after
+            if head_after:
+                state["head_manifest"] = ws.records.read_step(head_after)["manifest"]
+            entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
+            state["index_manifest"] = target_no if entries_after == target else 0
+            ws.records.write_state(state)
+            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": rows})
+        except BaseException as exc:
+            self._undo(journal, "restore", exc)
+        journal.finish()
+        return drift["id"]
+
+    def _undo(self, journal, what, exc):
+        try:
+            journal.rollback()
+        except Exception:
+            self.log("rollback of %s failed: %s" % (what, traceback.format_exc()))
+            raise StoreCorrupt("the %s failed (%s) and could not be fully undone; the next "
+                               "tool call retries the rollback" % (what, exc)) from None
+        if isinstance(exc, CheckpointError):
+            raise CheckpointError("the %s failed and nothing was changed: %s" % (what, exc)) from None
+        if isinstance(exc, OSError):
+            raise CheckpointError("the %s failed and nothing was changed: %s"
+                                  % (what, describe_os_error(exc))) from None
+        raise exc
+
+    def _apply_plan(self, ws, journal, target, plan):
+        payloads = ws.store.payloads
+        for rel in plan["to_delete"]:
+            full = safe_workspace_path(ws.root, rel)
+            remove_file(full)
+            prune_empty_dirs(ws.root, os.path.dirname(full))
+        for rel in plan["to_write"] + plan["to_replace"]:
+            full = safe_workspace_path(ws.root, rel)
+            kind, sha, _size, mode, _mtime = target[rel]
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            if os.path.isdir(full) and not os.path.islink(full):
+                os.rmdir(full)  # only an empty directory may give way to a file
+            tmp = journal.temp_name(full)
+            remove_file(tmp)
+            payloads.copy_out(sha, tmp, mode)
+            try:
+                os.replace(tmp, full)
+            except PermissionError:
+                os.chmod(full, stat_mod.S_IWRITE | stat_mod.S_IREAD)
+                os.replace(tmp, full)
+
+    @staticmethod
+    def _rows_after_restore(ws, snap, target, plan):
+        rows = dict(snap.rows)
+        for rel in plan["to_delete"]:
+            rows.pop(rel, None)
+        for rel in plan["to_write"] + plan["to_replace"]:
+            st = os.lstat(os.path.join(ws.root, *rel.split("/")))
+            info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                            stat_mod.S_IMODE(st.st_mode), False)
+            rows[rel] = index_row(info, KIND_FILE, target[rel][1])
+        return rows
+
+    # -- tc_compress --------------------------------------------------------
+
+    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50):
+        for name, value in (("keep_seconds", keep_seconds), ("minimum", minimum),
+                            ("maximum", maximum)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument("%s must be a whole number >= 0, got %r" % (name, value))
+        ws = self._workspace(root)
+        result = {"converted": 0, "eligible": 0, "already_gone": 0, "bytes_freed": 0,
+                  "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum}
+        with ws.store.lock:
+            self._need_writable(ws)
+            protected = self._protected_content(ws.store)
+            drifts = self._compressible_drifts(ws)
+            eligible = self._eligible_copies(drifts, keep_seconds, minimum, maximum)
+            result["eligible"] = len(eligible)
+            payloads = ws.store.payloads
+            chosen = {}
+            for drift_key, sha in eligible:
+                if sha in protected:
+                    continue
+                if not payloads.has(sha):
+                    result["already_gone"] += 1
+                chosen.setdefault(drift_key, set()).add(sha)
+            needed = set(protected)
+            for key, (records, drift, entries) in drifts.items():
+                if key not in chosen:
+                    needed.update(e[1] for e in entries.values() if e[0] == KIND_FILE)
+            freed = set()
+            for key in sorted(chosen):
+                records, drift, _entries = drifts[key]
+                drift["compressed"] = True
+                drift["unrestorable"] = sorted(chosen[key])
+                write_json(records.drift_path(int(drift["id"][1:])), drift)
+                freed.update(chosen[key] - needed)
+            result["converted"] = len(chosen)
+            result["bytes_freed"] = sum(payloads.delete(sha) for sha in sorted(freed))
+        return result
+
+    def _protected_content(self, store):
+        """Content no compress may touch: steps, recovered records, every index."""
+        protected = set()
+        for task_id in store.task_ids():
+            records = store.task(task_id)
+            try:
+                for number in records.step_numbers():
+                    step = records.read_step(number)
+                    protected.update(e[1] for e in records.manifests.load(step["manifest"]).values())
+                for number in records.drift_numbers():
+                    drift = records.read_drift("d%04d" % number)
+                    if drift.get("kind") == "recovered":
+                        protected.update(e[1] for e in records.manifests.load(drift["manifest"]).values())
+                protected.update(row[7] for row in records.read_index()["files"].values())
+            except (StoreCorrupt, NotFound, KeyError) as exc:
+                raise StoreCorrupt("cannot tell which content task %r still needs (%s); "
+                                   "nothing was reclaimed" % (task_id, exc)) from None
+        protected.discard(None)
+        return protected
+
+    def _compressible_drifts(self, ws):
+        out = {}
+        for task_id in ws.store.task_ids():
+            records = ws.store.task(task_id)
+            if records.read_state().get("root") != ws.root:
+                continue
+            for number in records.drift_numbers():
+                drift = records.read_drift("d%04d" % number)
+                if drift.get("kind") == "recovered" or drift.get("compressed"):
+                    continue
+                entries = records.manifests.load(drift["manifest"])
+                out[(task_id, number)] = (records, drift, entries)
+        return out
+
+    @staticmethod
+    def _eligible_copies(drifts, keep_seconds, minimum, maximum):
+        """(drift key, sha) of every copy the retention rules let go."""
+        copies = {}
+        for key, (_records, drift, entries) in drifts.items():
+            for path in drift.get("added", []) + drift.get("modified", []):
+                entry = entries.get(path)
+                if entry and entry[0] == KIND_FILE:
+                    copies.setdefault(path, []).append((drift["created_ns"], key, entry[1]))
+        now_ns = time.time_ns()
+        eligible = []
+        for path, items in copies.items():
+            items.sort(reverse=True)
+            for position, (created_ns, key, sha) in enumerate(items):
+                if position == 0:
+                    continue  # the newest copy of a path is always kept
+                old = (now_ns - created_ns) >= keep_seconds * 1_000_000_000
+                if (position >= minimum and old) or position >= maximum:
+                    eligible.append((key, sha))
+        return eligible
+
+    # -- tc_export ----------------------------------------------------------
+
+    def export(self, root, to, *, history=False):
+        to = validate_abs_dir(to, "to")
+        if not os.path.isdir(to):
+            raise InvalidArgument("to %r must be an existing directory" % to)
+        ws = self._workspace(root)
+        final = os.path.join(to, "%s-handoff" % ws.task_id)
+        if os.path.lexists(final):
+            raise AlreadyExists("a package %r already exists; move it away or export "
+                                "elsewhere" % final)
+        tmp = os.path.join(to, ".%s-handoff.tmp-%s" % (ws.task_id, secrets.token_hex(4)))
+        try:
+            with ws.store.lock:
+                desc = self._write_package(ws, tmp, history)
+            os.rename(tmp, final)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise CheckpointError("export to %r failed: %s" % (to, describe_os_error(exc))) from None
+            raise
+        return {"path": final, "filtered": desc["filtered"],
+                "files": [f["path"] for f in desc["files"]]}
+
+    def _write_package(self, ws, tmp, history):
+        state = ws.records.read_state()
+        step = ws.records.read_step(state["head"]) if state["head"] else None
+        manifest_no = step["manifest"] if step else state.get("index_manifest", 0)
+        entries = ws.records.manifests.load(manifest_no)
+        os.makedirs(tmp)
+        files, filtered = self._export_files(ws, entries, os.path.join(tmp, "files"))
+        desc = {"format": PACKAGE_FORMAT, "tool": "task-checkpoint-mcp", "version": __version__,
+                "task": {k: state.get(k) for k in ("task_id", "name", "goal", "constraints",
+                                                   "exclude", "head", "last_step")},
+                "step": step, "files": files, "filtered": filtered, "history": [],
+                "exported": now_iso()}
+        if history:
+            desc["history"] = self._export_history(ws, os.path.join(tmp, "history"))
+        write_json(os.path.join(tmp, PACKAGE_DESCRIPTION), desc)
+        atomic_write(os.path.join(tmp, "HANDOFF.md"), handoff_markdown(desc).encode("utf-8"))
+        return desc
+
+    def _export_files(self, ws, entries, directory):
+        files, filtered = [], []
+        payloads = ws.store.payloads
+        for rel, (kind, sha, size, mode, _m) in sorted(entries.items()):
+            if kind == KIND_SENSITIVE:
+                filtered.append({"path": rel, "reason": "sensitive"})
+            elif kind == KIND_BIG:
+                filtered.append({"path": rel, "reason": "over 100 MB, content not stored"})
+            elif not payloads.has(sha):
+                filtered.append({"path": rel, "reason": "stored content missing"})
+            else:
+                copy_tree_file(payloads, sha, os.path.join(directory, *rel.split("/")), mode)
+                files.append({"path": rel, "sha256": sha, "size": size, "mode": mode})
+        return files, filtered
+
+    def _export_history(self, ws, directory):
+        """Every step's record and full manifest, and each needed content once."""
+        steps = []
+        payloads = ws.store.payloads
+        written = set()
+        for number in ws.records.step_numbers():
+            step = ws.records.read_step(number)
+            entries = ws.records.manifests.load(step["manifest"])
+            for kind, sha, _size, mode, _m in entries.values():
+                if kind == KIND_FILE and sha not in written and payloads.has(sha):
+                    copy_tree_file(payloads, sha, os.path.join(directory, "payload", sha), 0o644)
+                    written.add(sha)
+            steps.append({"step": step,
+                          "files": {p: list(e) for p, e in sorted(entries.items())}})
+        return steps
+
+    # -- tc_import ----------------------------------------------------------
+
+    def import_package(self, root, package):
+        root = validate_root(root)
+        package = validate_abs_dir(package, "package")
+        desc = load_package(package)
+        task_id = desc["task"]["task_id"]
+        store = self._store(self.store_dir_for(root))
+        ws = Workspace(root, store, task_id)
+        with store.lock:
+            self._need_writable(ws)
+            if ws.records.exists() or os.path.lexists(ws.records.directory):
+                raise AlreadyExists("task %r already exists in the store %r; nothing was "
+                                    "imported" % (task_id, store.directory))
+            self._import_locked(ws, package, desc)
+        self._watch(root, store)
+        return {"task_id": task_id}
+
+    def _import_locked(self, ws, package, desc):
+        payloads = ws.store.payloads
+        before_pending = len(payloads.pending)
+        targets = [(f["path"], safe_workspace_path(ws.root, f["path"])) for f in desc["files"]]
+        journal = Journal(ws.store, "import", ws.root)
+        for rel, full in targets:
+            before = None
+            if os.path.isfile(full):
+                sha, _size, mode = payloads.put_file(full)
+                before = (sha, mode)
+            journal.add_entry(rel, before)
+        for item in desc["files"]:
+            payloads.put_file(check_package_entry(package, "files/" + item["path"]))
+        for sha in package_history_shas(desc):
+            payloads.put_file(os.path.join(package, "history", "payload", sha))
+        journal.data["created_dirs"] = missing_dirs(ws.root, [rel for rel, _ in targets])
+        journal.data["temp_files"] = [journal.temp_name(full) for _rel, full in targets]
+        journal.data["store_new_dirs"] = [os.path.relpath(ws.records.directory, ws.store.directory)]
+        journal.backup_store_file(ws.store.current_path)
+        journal.begin(payloads_new=payloads.pending[before_pending:])
+        try:
+            self._import_apply(ws, journal, desc, targets)
+        except BaseException as exc:
+            self._undo(journal, "import", exc)
+        journal.finish()
+
+    def _import_apply(self, ws, journal, desc, targets):
+        payloads = ws.store.payloads
+        by_path = {f["path"]: f for f in desc["files"]}
+        rows = {}
+        for rel, full in targets:
+            item = by_path[rel]
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            tmp = journal.temp_name(full)
+            remove_file(tmp)
+            payloads.copy_out(item["sha256"], tmp, item["mode"] & 0o7777)
+            os.replace(tmp, full)
+            st = os.lstat(full)
+            info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                            stat_mod.S_IMODE(st.st_mode), False)
+            rows[rel] = index_row(info, KIND_FILE, item["sha256"])
+        state = self._import_records(ws, desc)
+        ws.records.write_index({"stamp_ns": time.time_ns() - RACY_MARGIN_NS, "files": rows})
+        ws.records.write_state(state)
+        active = ws.store.read_current()
+        self._suspend(ws.store, active.get(ws.root))
+        active[ws.root] = ws.task_id
+        ws.store.write_current(active)
+
+    def _import_records(self, ws, desc):
+        task = desc["task"]
+        state = make_state(task_id=ws.task_id, name=task["name"], goal=task.get("goal") or "",
+                           constraints=task.get("constraints") or "", root=ws.root,
+                           exclude=PathPolicy.check_patterns(task.get("exclude") or []))
+        steps = [(h["step"], {p: tuple(e) for p, e in h["files"].items()})
+                 for h in desc.get("history") or []]
+        if not steps and desc.get("step"):
+            current = {f["path"]: manifest_entry(KIND_FILE, f["sha256"], f["size"], f["mode"])
+                       for f in desc["files"]}
+            steps = [(desc["step"], current)]
+        head = desc["step"]["index"] if desc.get("step") else 0
+        for step, entries in steps:
+            number = self._record_manifest(ws, state, entries)
+            record = dict(step, manifest=number)
+            write_json(ws.records.step_path(record["index"]), record)
+            state["last_step"] = max(state["last_step"], record["index"])
+            if record["index"] == head:
+                state["head_manifest"] = number
+        state["head"] = head
+        state["index_manifest"] = 0
+        return state
+
+
+def load_package(package):
+    """Parse and check a handoff package completely before anything is written."""
+    if not os.path.isdir(package):
+        raise InvalidArgument("package %r is not a directory made by tc_export" % package)
+    refuse_package_links(package)
+    try:
+        desc = read_json(os.path.join(package, PACKAGE_DESCRIPTION))
+    except FileNotFoundError:
+        raise InvalidArgument("package %r has no %s; pass the directory tc_export returned"
+                              % (package, PACKAGE_DESCRIPTION)) from None
+    except StoreCorrupt as exc:
+        raise InvalidArgument("package description is damaged: %s" % exc) from None
+    try:
+        return _check_description(package, desc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidArgument("package description is malformed (%s: %s)"
+                              % (exc.__class__.__name__, exc)) from None
+
+
+def _check_description(package, desc):
+    if desc.get("format") != PACKAGE_FORMAT:
+        raise InvalidArgument("package format %r is not supported (expected %d)"
+                              % (desc.get("format"), PACKAGE_FORMAT))
+    validate_task_id(desc["task"]["task_id"], "the package's task id")
+    if not isinstance(desc["task"].get("name"), str):
+        raise InvalidArgument("the package's task has no name")
+    seen = set()
+    for item in desc["files"]:
+        rel = normalize_rel(item["path"])
+        if rel in seen:
+            raise InvalidArgument("the package lists %r twice" % rel)
+        seen.add(rel)
+        if not (isinstance(item["mode"], int) and isinstance(item["sha256"], str)):
+            raise InvalidArgument("the package entry %r is malformed" % rel)
+        full = check_package_entry(package, "files/" + rel)
+        if hash_file(full)[0] != item["sha256"]:
+            raise InvalidArgument("the package file %r does not match its recorded hash "
+                                  "(tampered or damaged)" % rel)
+    for entry in desc.get("history") or []:
+        int(entry["step"]["index"])
+        for rel, value in entry["files"].items():
+            normalize_rel(rel)
+            if len(value) != 5 or value[0] not in (KIND_FILE, KIND_SENSITIVE, KIND_BIG):
+                raise InvalidArgument("the package history entry %r is malformed" % rel)
+    for sha in package_history_shas(desc):
+        full = check_package_entry(package, "history/payload/" + sha)
+        if hash_file(full)[0] != sha:
+            raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
+    return desc
+
+
+def package_history_shas(desc):
+    shas = set()
+    for entry in desc.get("history") or []:
+        for value in entry["files"].values():
+            if value[0] == KIND_FILE:
+                if not isinstance(value[1], str) or not re.match(r"^[0-9a-f]{64}$", value[1]):
+                    raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
+                shas.add(value[1])
+    return sorted(shas)
+
+
+def same_content(have, want):
+    if have[0] != want[0]:
+        return False
+    if have[0] == KIND_SENSITIVE:
+        return have[2] == want[2] and have[4] == want[4]
+    return have[1] == want[1] and have[3] == want[3]
+
+
+def plan_restore(target, current, has_payload):
+    """What a restore to target changes in a workspace whose state is current."""
+    plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
+    for path, have in sorted(current.items()):
+        if path in target:
+            continue
+        if have[0] == KIND_SENSITIVE:
+            plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
+        elif have[0] == KIND_BIG:
+            plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
+                                         "not deleted"})
+        else:
+            plan["to_delete"].append(path)
+    deleted = set(plan["to_delete"])
+    for path, want in sorted(target.items()):
+        have = current.get(path)
+        if have is not None and same_content(have, want):
+            continue
+        reason = _unrestorable_reason(path, have, want, has_payload, current, deleted)
+        if reason:
+            plan["unrestorable"].append({"path": path, "reason": reason})
+        else:
+            plan["to_replace" if have is not None else "to_write"].append(path)
+    return plan
+
+
+def _unrestorable_reason(path, have, want, has_payload, current, deleted):
+    if want[0] == KIND_SENSITIVE:
+        return "sensitive file: its content is never stored"
+    if want[0] == KIND_BIG:
+        return "over 100 MB: its content is not stored"
+    if have is not None and have[0] == KIND_SENSITIVE:
+        return "sensitive file in the workspace: never overwritten"
+    if have is not None and have[0] == KIND_BIG:
+        return "over 100 MB in the workspace, no stored copy: not overwritten"
+    if not has_payload(want[1]):
+        return "stored content is missing (reclaimed or lost)"
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if prefix in current and prefix not in deleted:
+            return "blocked by the file %r that stays in place" % prefix
+    return None
+
+
+def missing_dirs(root, rels):
+    """Directories a write of rels would create, parents first."""
+    out = []
+    seen = set()
+    for rel in rels:
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            sub = "/".join(parts[:depth])
+            if sub in seen:
+                continue
+            seen.add(sub)
+            if not os.path.lexists(os.path.join(root, *parts[:depth])):
+                out.append(sub)
+    return out
+
+
+def prune_empty_dirs(root, directory):
+    """Remove directories left empty by deletions, up to (not including) root."""
+    while directory and directory != root and directory.startswith(root + os.sep):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+        directory = os.path.dirname(directory)
+
+
+# ---------------------------------------------------------------------------
+# 12. Handoff: text, export package, import
+# ---------------------------------------------------------------------------
+
+PACKAGE_FORMAT = 1
+PACKAGE_DESCRIPTION = "handoff.json"
+
+
+def handoff_text(state, last, drift_paths):
+    """Plain text a person can paste into a new session."""
+    lines = ["Task: %s" % state.get("name", "")]
+    if state.get("goal"):
+        lines.append("Goal: %s" % state["goal"])
+    if state.get("constraints"):
+        lines.append("Constraints: %s" % state["constraints"])
+    if last:
+        lines.append("Current step: %d (%s)" % (last["index"], last.get("title", "")))
+        if last.get("conclusion"):
+            lines.append("Conclusion: %s" % last["conclusion"])
+        lines.append("Next step: %s" % (last.get("next") or "(not stated)"))
+    else:
+        lines.append("Current step: none saved yet")
+    shown = drift_paths[:20]
+    more = " (+%d more)" % (len(drift_paths) - 20) if len(drift_paths) > 20 else ""
+    lines.append("Not yet recorded: %s" % ((", ".join(shown) + more) if shown else "none"))
+    return "\n".join(lines)
+
+
+def handoff_markdown(desc):
+    task, step = desc["task"], desc.get("step") or {}
+    out = ["# Handoff: %s" % task["name"], "",
+           "You are taking over a task that was checkpointed with task-checkpoint-mcp. "
+           "The files of its current step are in `files/`.", "",
+           "- Goal: %s" % (task.get("goal") or "(not stated)")]
+    if task.get("constraints"):
+        out.append("- Constraints: %s" % task["constraints"])
+    if step:
+        out += ["- Current step: %d, %s" % (step["index"], step.get("title", "")),
+                "- Last conclusion: %s" % (step.get("conclusion") or "(none)"),
+                "- Next step: %s" % (step.get("next") or "(not stated)")]
+    for question in step.get("open_questions") or []:
+        out.append("- Open question: %s" % question)
+    out += ["", "## Files", "", "%d file(s) are included." % len(desc["files"])]
+    if desc["filtered"]:
+        out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]
+        out += ["- `%s` (%s)" % (f["path"], f["reason"]) for f in desc["filtered"]]
+    out += ["", "## Continue", "",
+            "Call `tc_import` with `root` set to your workspace and `package` set to this "
+            "directory, then `tc_resume`, and carry on from the next step above.", ""]
+    return "\n".join(out)
+
+
+def copy_tree_file(payloads, sha, dest, mode):
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    payloads.copy_out(sha, dest, mode)
+
+
+def check_package_entry(base, rel):
+    """The path of rel inside a package directory, refusing escapes and links."""
+    rel = normalize_rel(rel)
+    current = base
+    for part in rel.split("/"):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise UnsafePath("the package entry %r is or goes through a symlink" % rel)
+    if not os.path.isfile(current):
+        raise InvalidArgument("the package lacks the file %r it lists" % rel)
+    return current
+
+
+def refuse_package_links(base):
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise UnsafePath("the package contains a symlink %r; refusing it"
+                                 % os.path.relpath(os.path.join(dirpath, name), base))

@@ -1,0 +1,695 @@
+"""task-checkpoint-mcp: the stdio MCP adapter and the command line.
+
+Protocol: JSON-RPC 2.0, one message per line, UTF-8 both ways; one response
+line per request and none for a notification; stdout carries frames only
+(logs go to stderr and the store's server.log). Requests are handled one at
+a time in arrival order; the watcher thread shares the store with them
+through the store lock. Every malformed line gets an error and the server
+keeps serving.
+
+Command line: no argument starts the server; --version, --help,
+--print-skill, --skill-path and --install-skill DIR [--force]. An argument
+it does not know is named on stderr and the server starts anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+if __package__ in (None, "") and os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tc  # noqa: E402
+
+SERVER_NAME = "task-checkpoint-mcp"
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_PROTOCOL = PROTOCOL_VERSIONS[-1]
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+TEXT_LIMIT = 100_000
+TITLE_LIMIT = 1_000
+PATH_LIMIT = 4_096
+LIST_LIMIT = 1_000
+
+
+# ---------------------------------------------------------------------------
+# Schemas: declared once, used for tools/list and for argument checks
+# ---------------------------------------------------------------------------
+
+def s_str(description, *, max_length=TEXT_LIMIT, min_length=None):
+    schema = {"type": "string", "description": description, "maxLength": max_length}
+    if min_length:
+        schema["minLength"] = min_length
+    return schema
+
+
+def s_int(description, *, minimum=None, maximum=None, default=None):
+    schema = {"type": "integer", "description": description}
+    for key, value in (("minimum", minimum), ("maximum", maximum), ("default", default)):
+        if value is not None:
+            schema[key] = value
+    return schema
+
+
+def s_bool(description, default=False):
+    return {"type": "boolean", "description": description, "default": default}
+
+
+def s_list(description, *, max_items=LIST_LIMIT, item_length=TEXT_LIMIT):
+    return {"type": "array", "description": description, "maxItems": max_items,
+            "items": {"type": "string", "maxLength": item_length}}
+
+
+def s_obj(properties, required=()):
+    return {"type": "object", "properties": properties, "required": list(required),
+            "additionalProperties": False}
+
+
+def s_out(properties, required=None):
+    return {"type": "object", "properties": properties,
+            "required": list(properties if required is None else required)}
+
+
+ROOT = s_str("Absolute path of the workspace directory (usually the project root).",
+             max_length=PATH_LIMIT, min_length=1)
+TASK_ID = s_str("A task id returned by tc_init; defaults to the workspace's active task.",
+                max_length=128, min_length=1)
+NULLABLE_STR = {"type": ["string", "null"]}
+STR_LIST = {"type": "array", "items": {"type": "string"}}
+SKIPPED = {"type": "array", "items": {"type": "object", "properties": {
+    "path": {"type": "string"}, "reason": {"type": "string"}}, "required": ["path", "reason"]}}
+GIT = {"type": "object", "properties": {
+    "ok": {"type": "boolean"}, "ref": NULLABLE_STR, "reason": NULLABLE_STR,
+    "unchanged": {"type": ["boolean", "null"]}, "error": {"type": "string"}},
+    "required": ["ok", "ref", "reason", "unchanged"]}
+PLAN = {"type": "object", "properties": {
+    "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
+    "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
+
+TOOL_SPECS = {
+    "tc_init": {
+        "description": "Start a long task in a workspace: names it, records its goal and the "
+                       "workspace as it is now. An already active task is suspended, not closed.",
+        "input": s_obj({
+            "root": ROOT,
+            "name": s_str("Short task name.", max_length=TITLE_LIMIT, min_length=1),
+            "goal": s_str("What the task should achieve."),
+            "constraints": s_str("Rules the work must respect."),
+            "store": s_str("Absolute path of a store outside the default <root>/.checkpoints.",
+                           max_length=PATH_LIMIT, min_length=1),
+            "exclude": s_list("Extra names to leave out of every scan: single-name globs such "
+                              "as 'data' or '*.log' (no '/').", item_length=PATH_LIMIT),
+        }, ["root", "name"]),
+        "output": s_out({
+            "task_id": {"type": "string"}, "name": {"type": "string"},
+            "store": {"type": "string"}, "store_is_external": {"type": "boolean"},
+            "prev_suspended": NULLABLE_STR, "exclude": STR_LIST, "note": {"type": "string"}}),
+    },
+    "tc_switch": {
+        "description": "Make a suspended task of this workspace active again.",
+        "input": s_obj({"root": ROOT, "task_id": TASK_ID}, ["root", "task_id"]),
+        "output": s_out({"task_id": {"type": "string"}, "status": {"type": "string"}}),
+    },
+    "tc_save": {
+        "description": "Save one finished step: what was done (title), what it concluded, and "
+                       "what comes next. Records every file of the workspace. Call after each "
+                       "step; close: true finishes the task.",
+        "input": s_obj({
+            "root": ROOT,
+            "title": s_str("One line: what this step did.", max_length=TITLE_LIMIT, min_length=1),
+            "task_id": TASK_ID,
+            "description": s_str("Why it was done this way."),
+            "conclusion": s_str("What this step established. The most useful field."),
+            "next": s_str("What to do next."),
+            "verified": s_list("What was actually checked (tests run, facts confirmed)."),
+            "open_questions": s_list("Questions left for later."),
+            "close": s_bool("Close the task after this save (it stays readable)."),
+            "paths": dict(s_list("Must be empty: a save always records the whole workspace.",
+                                 item_length=PATH_LIMIT), maxItems=0),
+        }, ["root", "title"]),
+        "output": s_out({
+            "task_id": {"type": "string"}, "index": {"type": "integer"},
+            "title": {"type": "string"}, "groups": {"type": "array"},
+            "skipped_paths": SKIPPED, "idempotent": {"type": "boolean"},
+            "closed": {"type": "boolean"}, "status": {"type": "string"},
+            "active_task_changed": {"type": "boolean"}, "git": GIT}),
+    },
+    "tc_capture": {
+        "description": "Record file changes on disk now, without waiting for the background "
+                       "watcher's quiet period.",
+        "input": s_obj({"root": ROOT}, ["root"]),
+        "output": s_out({
+            "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
+            "drift_id": NULLABLE_STR, "partial": {"type": "boolean"},
+            "reads": {"type": "integer"}, "skipped_paths": SKIPPED,
+            "added": STR_LIST, "modified": STR_LIST, "deleted": STR_LIST},
+            ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"]),
+    },
+    "tc_show": {
+        "description": "List the task's steps (and drift records), newest last, a page at a "
+                       "time; index shows one step with its files.",
+        "input": s_obj({
+            "root": ROOT, "task_id": TASK_ID,
+            "index": s_int("Show this step with its files.", minimum=1),
+            "include_drift": s_bool("Also list drift records."),
+            "limit": s_int("Items per page.", minimum=1, maximum=200, default=50),
+            "cursor": s_int("Where the page starts (next_cursor of the previous page).",
+                            minimum=0, default=0),
+        }, ["root"]),
+        "output": s_out({
+            "steps": {"type": "array"}, "drifts": {"type": "array"},
+            "head": {"type": "integer"}, "next_cursor": {"type": ["integer", "null"]},
+            "task_id": {"type": "string"}, "status": {"type": "string"}},
+            ["steps", "drifts", "head", "next_cursor"]),
+    },
+    "tc_restore": {
+        "description": "Roll the workspace back (or forward) to a step (index) or a drift "
+                       "record (drift_id). apply: false previews the plan; apply: true does it "
+                       "and returns 'recovered', the drift id that undoes it.",
+        "input": s_obj({
+            "root": ROOT,
+            "index": s_int("Step number to restore.", minimum=1),
+            "drift_id": s_str("Drift record to restore, e.g. 'd0003'.", max_length=32,
+                              min_length=1),
+            "apply": s_bool("false: preview only; true: change the workspace."),
+        }, ["root"]),
+        "output": s_out({
+            "applied": {"type": "boolean"}, "recovered": NULLABLE_STR, "plan": PLAN,
+            "skipped_paths": SKIPPED, "head": {"type": "integer"}, "target": {"type": "string"}},
+            ["applied", "recovered", "plan", "skipped_paths"]),
+    },
+    "tc_resume": {
+        "description": "Read-only: everything a new session needs to continue the task, with a "
+                       "ready-made handoff text and the paths changed but not yet recorded.",
+        "input": s_obj({"root": ROOT, "task_id": TASK_ID}, ["root"]),
+        "output": s_out({
+            "goal": {"type": "string"}, "constraints": {"type": "string"},
+            "head": {"type": "integer"},
+            "last": {"type": "object", "properties": {
+                "title": {"type": "string"}, "conclusion": {"type": "string"},
+                "description": {"type": "string"}, "next": {"type": "string"}},
+                "required": ["title", "conclusion", "description", "next"]},
+            "open_questions": STR_LIST, "drift_paths": STR_LIST, "next": {"type": "string"},
+            "handoff": {"type": "string"},
+            "health": {"type": "object", "properties": {
+                "ok": {"type": "boolean"}, "errors": STR_LIST}, "required": ["ok", "errors"]},
+            "store": {"type": "string"}, "active_task": NULLABLE_STR, "skipped": SKIPPED,
+            "task_id": {"type": "string"}, "name": {"type": "string"},
+            "status": {"type": "string"}},
+            ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
+             "handoff", "health", "store", "active_task", "skipped"]),
+    },
+    "tc_export": {
+        "description": "Write a handoff package <task_id>-handoff/ into an existing directory: "
+                       "HANDOFF.md, a description and the current step's files (sensitive "
+                       "files left out). history: true adds every step.",
+        "input": s_obj({
+            "root": ROOT,
+            "to": s_str("Absolute path of an existing directory.", max_length=PATH_LIMIT,
+                        min_length=1),
+            "history": s_bool("Include every step so the receiver can restore any of them."),
+        }, ["root", "to"]),
+        "output": s_out({"path": {"type": "string"}, "filtered": SKIPPED, "files": STR_LIST}),
+    },
+    "tc_import": {
+        "description": "Continue a task from a handoff package in this workspace: checks the "
+                       "package, writes its files, makes the task active.",
+        "input": s_obj({
+            "root": ROOT,
+            "package": s_str("Absolute path of the package directory tc_export returned.",
+                             max_length=PATH_LIMIT, min_length=1),
+        }, ["root", "package"]),
+        "output": s_out({"task_id": {"type": "string"}}),
+    },
+    "tc_compress": {
+        "description": "Reclaim space held by old drift records' content. Steps and recovered "
+                       "records are never touched.",
+        "input": s_obj({
+            "root": ROOT,
+            "keep_seconds": s_int("Keep drift content younger than this.", minimum=0,
+                                  default=604800),
+            "minimum": s_int("Always keep this many newest copies of each path.", minimum=0,
+                             default=20),
+            "maximum": s_int("Never keep more than this many copies of a path.", minimum=0,
+                             default=50),
+        }, ["root"]),
+        "output": s_out({k: {"type": "integer"} for k in (
+            "converted", "eligible", "already_gone", "bytes_freed", "keep_seconds",
+            "minimum", "maximum")}),
+    },
+}
+
+
+# ---------------------------------------------------------------------------
+# Argument validation against the input schemas
+# ---------------------------------------------------------------------------
+
+JSON_TYPES = {"string": str, "boolean": bool, "array": list, "object": dict}
+
+
+def type_ok(value, expected):
+    if expected == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected == "null":
+        return value is None
+    return isinstance(value, JSON_TYPES[expected])
+
+
+def check_value(name, value, schema):
+    """None when value fits schema, else a sentence naming the argument."""
+    expected = schema.get("type")
+    if expected == "integer" and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if expected and not type_ok(value, expected):
+        return "argument %r must be %s %s, got %s" % (
+            name, "an" if expected[0] in "aeiou" else "a", expected, describe_json(value))
+    if expected == "integer":
+        if "minimum" in schema and value < schema["minimum"]:
+            return "argument %r must be >= %d, got %d" % (name, schema["minimum"], value)
+        if "maximum" in schema and value > schema["maximum"]:
+            return "argument %r must be <= %d, got %d" % (name, schema["maximum"], value)
+    if expected == "string":
+        if len(value) < schema.get("minLength", 0):
+            return "argument %r must not be empty" % name
+        if len(value) > schema.get("maxLength", TEXT_LIMIT):
+            return "argument %r is too long (%d characters, at most %d)" % (
+                name, len(value), schema.get("maxLength", TEXT_LIMIT))
+    if expected == "array":
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            if schema["maxItems"] == 0:
+                return "argument %r must be empty" % name
+            return "argument %r has too many items (%d, at most %d)" % (
+                name, len(value), schema["maxItems"])
+        for position, item in enumerate(value):
+            problem = check_value("%s[%d]" % (name, position), item, schema["items"])
+            if problem:
+                return problem
+    return None
+
+
+def describe_json(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def check_arguments(arguments, schema):
+    """A list of problems with arguments; empty when they fit the schema."""
+    problems = []
+    properties = schema["properties"]
+    for name in schema["required"]:
+        if name not in arguments:
+            problems.append("missing required argument %r" % name)
+    for name, value in arguments.items():
+        if name not in properties:
+            problems.append("unknown argument %r (accepted: %s)" % (name, ", ".join(properties)))
+            continue
+        problem = check_value(name, value, properties[name])
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def normalized(arguments, schema):
+    """Arguments with integral floats made ints and defaults filled in."""
+    out = {}
+    for name, prop in schema["properties"].items():
+        if name in arguments:
+            value = arguments[name]
+            if prop.get("type") == "integer" and isinstance(value, float):
+                value = int(value)
+            out[name] = value
+        elif "default" in prop:
+            out[name] = prop["default"]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Tool handlers: arguments in, plain dict out
+# ---------------------------------------------------------------------------
+
+def call_tool(cp, name, a):
+    root = a["root"]
+    if name == "tc_init":
+        return cp.init(root, a["name"], goal=a.get("goal", ""),
+                       constraints=a.get("constraints", ""), store=a.get("store"),
+                       exclude=a.get("exclude"))
+    if name == "tc_switch":
+        return cp.switch(root, a["task_id"])
+    if name == "tc_save":
+        return cp.save(root, a["title"], task_id=a.get("task_id"),
+                       description=a.get("description", ""), conclusion=a.get("conclusion", ""),
+                       next=a.get("next", ""), verified=a.get("verified", ()),
+                       open_questions=a.get("open_questions", ()), close=a.get("close", False),
+                       paths=a.get("paths", ()))
+    if name == "tc_capture":
+        return cp.capture(root)
+    if name == "tc_show":
+        return cp.show(root, task_id=a.get("task_id"), index=a.get("index"),
+                       include_drift=a.get("include_drift", False), limit=a.get("limit", 50),
+                       cursor=a.get("cursor", 0))
+    if name == "tc_restore":
+        return cp.restore(root, index=a.get("index"), drift_id=a.get("drift_id"),
+                          apply=a.get("apply", False))
+    if name == "tc_resume":
+        return cp.resume(root, task_id=a.get("task_id"))
+    if name == "tc_export":
+        return cp.export(root, a["to"], history=a.get("history", False))
+    if name == "tc_import":
+        return cp.import_package(root, a["package"])
+    if name == "tc_compress":
+        return cp.compress(root, keep_seconds=a.get("keep_seconds", 604800),
+                           minimum=a.get("minimum", 20), maximum=a.get("maximum", 50))
+    raise KeyError(name)
+
+
+def tool_result(payload, *, is_error=False):
+    if is_error:
+        return {"content": [{"type": "text", "text": payload}], "isError": True}
+    text = json.dumps(payload, ensure_ascii=False)
+    return {"content": [{"type": "text", "text": text}], "structuredContent": payload,
+            "isError": False}
+
+
+class RpcError(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---------------------------------------------------------------------------
+# The server: one request at a time, errors mapped in one place
+# ---------------------------------------------------------------------------
+
+class Logger:
+    """Lines to stderr and to the server.log of the stores in use (best effort)."""
+
+    MAX_LOG_BYTES = 1 << 20
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.lock = threading.Lock()
+        self.store_dirs = []
+
+    def __call__(self, message):
+        line = "%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), message)
+        with self.lock:
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+            for directory in self.store_dirs:
+                self._append(directory, line)
+
+    def _append(self, directory, line):
+        path = os.path.join(directory, "server.log")
+        try:
+            if os.path.getsize(path) > self.MAX_LOG_BYTES:
+                os.replace(path, path + ".1")
+        except OSError:
+            pass
+        try:
+            if os.path.isdir(directory):
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write(line)
+        except OSError:
+            pass
+
+
+class Server:
+    """Maps JSON-RPC messages to Checkpoints calls."""
+
+    def __init__(self, checkpoints, log):
+        self.cp = checkpoints
+        self.log = log
+        self.methods = {
+            "initialize": self.initialize,
+            "ping": lambda params: {},
+            "tools/list": self.tools_list,
+            "tools/call": self.tools_call,
+        }
+
+    def initialize(self, params):
+        requested = params.get("protocolVersion") if isinstance(params, dict) else None
+        version = requested if requested in PROTOCOL_VERSIONS else LATEST_PROTOCOL
+        return {"protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": SERVER_NAME, "version": tc.__version__},
+                "instructions": "Call tc_resume first in a new session; tc_init before a long "
+                                "task; tc_save after each finished step with conclusion and "
+                                "next; preview tc_restore with apply: false before apply: true."}
+
+    def tools_list(self, params):
+        return {"tools": [{"name": name, "description": spec["description"],
+                           "inputSchema": spec["input"], "outputSchema": spec["output"]}
+                          for name, spec in TOOL_SPECS.items()]}
+
+    def tools_call(self, params):
+        if not isinstance(params, dict):
+            raise RpcError(INVALID_PARAMS, "tools/call needs params with a tool name")
+        name = params.get("name")
+        if not isinstance(name, str) or name not in TOOL_SPECS:
+            raise RpcError(INVALID_PARAMS, "unknown tool %r; tools/list names the ten tools"
+                           % (name,))
+        arguments = params.get("arguments")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            return tool_result("arguments must be an object, got %s" % describe_json(arguments),
+                               is_error=True)
+        schema = TOOL_SPECS[name]["input"]
+        problems = check_arguments(arguments, schema)
+        if problems:
+            return tool_result("invalid arguments for %s: %s" % (name, "; ".join(problems)),
+                               is_error=True)
+        return self.run_tool(name, normalized(arguments, schema))
+
+    def run_tool(self, name, arguments):
+        try:
+            result = call_tool(self.cp, name, arguments)
+        except tc.CheckpointError as exc:
+            return tool_result(one_line(str(exc)), is_error=True)
+        except OSError as exc:
+            self.log("%s: %s" % (name, traceback.format_exc()))
+            return tool_result("%s could not finish: %s. Nothing already saved was lost; fix "
+                               "the cause (disk space, permissions) and retry."
+                               % (name, tc.describe_os_error(exc)), is_error=True)
+        self.remember_store(result)
+        return tool_result(result)
+
+    def remember_store(self, result):
+        store = result.get("store") if isinstance(result, dict) else None
+        if isinstance(store, str) and store not in self.log.store_dirs:
+            self.log.store_dirs[:] = [store]
+
+    def handle_line(self, raw):
+        """One input line -> the response object, or None for a notification."""
+        try:
+            message = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return error_response(None, PARSE_ERROR, "parse error: %s" % type(exc).__name__)
+        if isinstance(message, list):
+            return error_response(None, INVALID_REQUEST, "batches are not supported; send "
+                                  "one request per line")
+        if not isinstance(message, dict):
+            return error_response(None, INVALID_REQUEST, "a request must be a JSON object")
+        return self.handle_message(message)
+
+    def handle_message(self, message):
+        has_id = "id" in message
+        msg_id = message.get("id")
+        method = message.get("method")
+        if not isinstance(method, str):
+            if "result" in message or "error" in message:
+                return None  # a response to nothing we asked
+            return error_response(msg_id if valid_id(msg_id) else None, INVALID_REQUEST,
+                                  "a request needs a string 'method'")
+        if message.get("jsonrpc") != "2.0" or (has_id and not valid_id(msg_id)):
+            return error_response(msg_id if valid_id(msg_id) else None, INVALID_REQUEST,
+                                  "not a JSON-RPC 2.0 request")
+        params = message.get("params", {})
+        handler = self.methods.get(method)
+        if not has_id:
+            if handler and not method.startswith("notifications/"):
+                self.dispatch(handler, params, method)
+            return None
+        if handler is None:
+            return error_response(msg_id, METHOD_NOT_FOUND, "method %r not found" % method)
+        if params is not None and not isinstance(params, (dict, list)):
+            return error_response(msg_id, INVALID_PARAMS, "params must be an object")
+        try:
+            return {"jsonrpc": "2.0", "id": msg_id,
+                    "result": self.dispatch(handler, params or {}, method)}
+        except RpcError as exc:
+            return error_response(msg_id, exc.code, exc.message)
+
+    def dispatch(self, handler, params, method):
+        try:
+            return handler(params)
+        except RpcError:
+            raise
+        except Exception as exc:  # the one place an unexpected fault is turned into -32603
+            self.log("internal error in %s: %s" % (method, traceback.format_exc()))
+            raise RpcError(INTERNAL_ERROR, "internal error in %s: %s (details in server.log)"
+                           % (method, type(exc).__name__)) from None
+
+
+def valid_id(value):
+    return value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
+
+
+def one_line(text):
+    return " ".join(text.split())
+
+
+def error_response(msg_id, code, message):
+    return {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
+
+
+def encode(message):
+    try:
+        text = json.dumps(message, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = json.dumps(error_response(message.get("id"), INTERNAL_ERROR,
+                                         "result could not be encoded"))
+    return text.encode("utf-8", "replace") + b"\n"
+
+
+def serve(instream, outstream, checkpoints=None, log=None):
+    """Serve until instream ends. Streams are binary."""
+    log = log or Logger()
+    checkpoints = checkpoints or tc.Checkpoints(tc.Config.from_env(), log=log)
+    server = Server(checkpoints, log)
+    checkpoints.start_watcher()
+    try:
+        for raw in instream:
+            if not raw.strip():
+                continue
+            response = server.handle_line(raw.strip())
+            if response is not None:
+                outstream.write(encode(response))
+                outstream.flush()
+    finally:
+        checkpoints.stop_watcher()
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+def skill_path():
+    """Where SKILL.md is: beside a checkout, beside this module, or in the wheel's data."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(os.path.dirname(here), "SKILL.md"),
+                  os.path.join(here, "SKILL.md"),
+                  os.path.join(sys.prefix, "share", SERVER_NAME, "SKILL.md")]
+    user_base = getattr(__import__("site"), "USER_BASE", None)
+    if user_base:
+        candidates.append(os.path.join(user_base, "share", SERVER_NAME, "SKILL.md"))
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def install_skill(directory, force):
+    source = skill_path()
+    if source is None:
+        print("error: SKILL.md is not installed with this copy of %s" % SERVER_NAME,
+              file=sys.stderr)
+        return 1
+    directory = os.path.abspath(os.path.expanduser(directory))
+    target = os.path.join(directory, "SKILL.md")
+    if os.path.exists(target) and not force:
+        print("error: %s already exists; add --force to overwrite it" % target, file=sys.stderr)
+        return 1
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(source, "rb") as fh:
+            tc.atomic_write(target, fh.read())
+    except OSError as exc:
+        print("error: cannot write %s: %s" % (target, tc.describe_os_error(exc)),
+              file=sys.stderr)
+        return 1
+    print("installed %s" % target)
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="tc-mcp",
+        description="task-checkpoint-mcp: checkpoints for long agent tasks, as a stdio MCP "
+                    "server. With no option it serves MCP on stdin/stdout.",
+        epilog="Environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_DRIFT_MAX_WAIT, TC_GIT, "
+               "TC_GIT_VERIFY, TC_SHA_REUSE, TC_FULL_HASH.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--print-skill", action="store_true", help="print SKILL.md and exit")
+    parser.add_argument("--skill-path", action="store_true",
+                        help="print where SKILL.md is installed and exit")
+    parser.add_argument("--install-skill", metavar="DIR",
+                        help="copy SKILL.md into DIR (a skill directory) and exit")
+    parser.add_argument("--force", action="store_true",
+                        help="with --install-skill: overwrite an existing SKILL.md")
+    return parser
+
+
+def main(argv=None):
+    args, unknown = build_parser().parse_known_args(argv)
+    if args.version:
+        print("%s %s" % (SERVER_NAME, tc.__version__))
+        return 0
+    if args.skill_path or args.print_skill:
+        path = skill_path()
+        if path is None:
+            print("error: SKILL.md is not installed with this copy", file=sys.stderr)
+            return 1
+        if args.skill_path:
+            print(path)
+        else:
+            with open(path, encoding="utf-8") as fh:
+                sys.stdout.write(fh.read())
+        return 0
+    if args.install_skill:
+        return install_skill(args.install_skill, args.force)
+    if unknown:
+        print("tc-mcp: ignoring unrecognised argument(s): %s" % " ".join(unknown),
+              file=sys.stderr)
+    return run_stdio()
+
+
+def run_stdio():
+    """Serve on the real stdio; anything printed by accident goes to stderr."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    try:
+        return serve(sys.stdin.buffer, out)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Shared test helpers: a real server over stdio, real workspaces, real git.
+
+Every black-box test drives `scripts/tc_mcp.py` as a subprocess, exactly the
+way an MCP client does: one JSON-RPC message per line on stdin, one response
+line per request on stdout.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVER = os.path.join(REPO, "scripts", "tc_mcp.py")
+SCRIPTS = os.path.join(REPO, "scripts")
+
+# Quiet defaults for tests: no watcher, no git unless a test asks for them.
+BASE_ENV = {
+    "TC_WATCH": "off",
+    "TC_GIT": "off",
+}
+
+
+def clean_env(extra=None):
+    """The process environment minus anything TC_/GIT_ that could leak in."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TC_") and not k.startswith("GIT_")}
+    env.update(BASE_ENV)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if extra:
+        for key, value in extra.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+    return env
+
+
+class ToolResult:
+    """One tools/call outcome: the structured result, the text, the error flag."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        result = raw.get("result") or {}
+        self.is_error = bool(result.get("isError"))
+        content = result.get("content") or [{}]
+        self.text = content[0].get("text", "")
+        self.data = result.get("structuredContent")
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __repr__(self):
+        return "ToolResult(is_error=%r, text=%r)" % (self.is_error, self.text[:500])
+
+
+class Server:
+    """A real `tc_mcp.py` subprocess spoken to over stdio."""
+
+    def __init__(self, env=None, cwd=None, args=()):
+        self.env = clean_env(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, SERVER, *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=self.env, cwd=cwd or tempfile.gettempdir())
+        self._id = 0
+        self.stderr_chunks = []
+        self._err_thread = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._err_thread.start()
+
+    def _drain_stderr(self):
+        for chunk in iter(lambda: self.proc.stderr.read(4096), b""):
+            self.stderr_chunks.append(chunk)
+
+    @property
+    def stderr(self):
+        return b"".join(self.stderr_chunks).decode("utf-8", "replace")
+
+    def send_raw(self, data):
+        """Write raw bytes (a line terminator is not added)."""
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def read_line(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError("server closed stdout; stderr:\n" + self.stderr)
+        return json.loads(line.decode("utf-8"))
+
+    def request(self, method, params=None):
+        """Send one request and return the whole response message."""
+        self._id += 1
+        msg = {"jsonrpc": "2.0", "id": self._id, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
+        reply = self.read_line()
+        assert reply.get("id") == self._id, reply
+        return reply
+
+    def notify(self, method, params=None):
+        msg = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
+
+    def initialize(self, version="2025-06-18"):
+        reply = self.request("initialize", {
+            "protocolVersion": version, "capabilities": {},
+            "clientInfo": {"name": "tests", "version": "0"}})
+        self.notify("notifications/initialized")
+        return reply
+
+    def call(self, name, /, **arguments):
+        """tools/call; returns a ToolResult (raises on a JSON-RPC error)."""
+        reply = self.request("tools/call", {"name": name, "arguments": arguments})
+        if "error" in reply:
+            raise AssertionError("JSON-RPC error for %s: %r" % (name, reply["error"]))
+        return ToolResult(reply)
+
+    def ok(self, name, /, **arguments):
+        """tools/call that must succeed; returns the structured result."""
+        res = self.call(name, **arguments)
+        if res.is_error:
+            raise AssertionError("%s failed: %s" % (name, res.text))
+        return res.data
+
+    def close(self, timeout=10):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdout,):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._err_thread.join(timeout=5)
+
+    def kill(self):
+        """SIGKILL, no chance to clean up."""
+        self.proc.kill()
+        self.proc.wait()
+        self.close()
+
+
+def write(root, rel, data, mode=None):
+    path = os.path.join(root, *rel.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with open(path, "wb") as fh:
+        fh.write(data)
+    if mode is not None:
+        os.chmod(path, mode)
+    return path
+
+
+def read(root, rel):
+    with open(os.path.join(root, *rel.split("/")), "rb") as fh:
+        return fh.read()
+
+
+def snapshot(root, skip=(".checkpoints", ".git")):
+    """{relative path: (bytes, mode bits)} of every regular file under root."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                continue
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            with open(full, "rb") as fh:
+                out[rel] = (fh.read(), os.stat(full).st_mode & 0o777)
+    return out
+
+
+def tree_listing(root):
+    """Every path (files and directories) under root, with sizes: a cheap fingerprint."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames) + dirnames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            out.append((os.path.relpath(full, root), st.st_size if os.path.isfile(full) else -1))
+    return sorted(out)
+
+
+def git(cwd, *args, check=True, env=None, input=None):
+    """Run real git with a fixed identity and no user config."""
+    full_env = clean_env({
+        "GIT_CONFIG_NOSYSTEM": "1", "HOME": cwd if env is None or "HOME" not in env else env["HOME"],
+        "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.com",
+        "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.com",
+    })
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(["git", *args], cwd=cwd, env=full_env, input=input,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if check and proc.returncode != 0:
+        raise AssertionError("git %s failed: %s" % (" ".join(args), proc.stderr.decode()))
+    return proc.stdout
+
+
+def make_git_repo(root, commit=True):
+    """A real repository in root, with one commit unless commit=False."""
+    git(root, "init", "-q", "-b", "main")
+    if commit:
+        write(root, "README.txt", "hello\n")
+        git(root, "add", "README.txt")
+        git(root, "commit", "-q", "-m", "initial")
+    return root
+
+
+class WorkspaceTest(unittest.TestCase):
+    """A fresh temporary workspace per test, and servers that are always closed."""
+
+    server_env = None
+
+    def setUp(self):
+        self._tmp = tempfile.mkdtemp(prefix="tc-test-")
+        self.tmp = os.path.realpath(self._tmp)
+        self.root = os.path.join(self.tmp, "ws")
+        os.makedirs(self.root)
+        self._servers = []
+
+    def tearDown(self):
+        for srv in self._servers:
+            try:
+                srv.close()
+            except Exception:
+                pass
+        for dirpath, dirnames, filenames in os.walk(self.tmp):
+            for name in dirnames + filenames:
+                try:
+                    os.chmod(os.path.join(dirpath, name), 0o755, follow_symlinks=False)
+                except (OSError, NotImplementedError):
+                    pass
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def server(self, env=None, **kwargs):
+        merged = dict(self.server_env or {})
+        merged.update(env or {})
+        srv = Server(env=merged, **kwargs)
+        srv.initialize()
+        self._servers.append(srv)
+        return srv
+
+    def write(self, rel, data, mode=None):
+        return write(self.root, rel, data, mode)
+
+    def read(self, rel):
+        return read(self.root, rel)
+
+    @property
+    def store(self):
+        return os.path.join(self.root, ".checkpoints")
