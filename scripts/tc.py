@@ -76,7 +76,7 @@ SENSITIVE_DIRS = (".ssh", ".aws", ".gnupg", ".docker", ".kube", ".env",
                   ".envdir", ".secrets", ".tokens")
 SENSITIVE_DIR_SUBSTRINGS = ("secret", "credential", "token")
 SENSITIVE_FILES = (
-    ".env", ".env.*", "*.env", "*.env.*", ".envrc",
+    ".env", ".env.*", "*.env", "*.env.*", ".envrc", "*.envrc",
     "*.pem", "*.key", "*.p12", "*.pfx", "*.p8", "*.jks", "*.keystore", "*.kdbx",
     "*.ppk", "*.ovpn", "*_rsa", "*_dsa", "*_ed25519", "*_ecdsa", "*_key",
     "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519",
@@ -328,10 +328,11 @@ class StoreLock:
     read-only work: the lock then degrades to the in-process RLock.
     """
 
-    def __init__(self, path, *, on_acquire=None, timeout=LOCK_TIMEOUT):
+    def __init__(self, path, *, on_acquire=None, on_release=None, timeout=LOCK_TIMEOUT):
         self.path = path
         self.timeout = timeout
         self.on_acquire = on_acquire
+        self.on_release = on_release
         self._rlock = threading.RLock()
         self._depth = 0
         self._fd = None
@@ -375,6 +376,11 @@ class StoreLock:
     def __exit__(self, *exc):
         self._depth -= 1
         if self._depth == 0 and self._fd is not None:
+            try:
+                if self.on_release:
+                    self.on_release()
+            except Exception:
+                pass
             try:
                 _unlock(self._fd)
             finally:
@@ -601,6 +607,12 @@ def _scan_entry(entry, prefix, in_sensitive, policy, files, skipped, stack):
     name = entry.name
     rel = prefix + "/" + name if prefix else name
     if policy.excluded_name(name):
+        return
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
+                        "reason": "name is not valid UTF-8"})
         return
     if policy.store_rel and rel == policy.store_rel:
         return
@@ -1220,25 +1232,424 @@ class Watcher:
 
 
 # ---------------------------------------------------------------------------
-# 11. Git refs (see GitRefWriter below)
+# 11. GitRefWriter: every new step as refs/checkpoints/<task_id>/sNNNN
 # ---------------------------------------------------------------------------
+GIT_REF_PREFIX = "refs/checkpoints/"
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "task-checkpoint",
+    "GIT_AUTHOR_EMAIL": "task-checkpoint@localhost",
+    "GIT_COMMITTER_NAME": "task-checkpoint",
+    "GIT_COMMITTER_EMAIL": "task-checkpoint@localhost",
+}
+# Variables of the user's (or a calling hook's) environment that are kept;
+# every other GIT_* variable is dropped before git runs.
+GIT_ENV_KEPT = frozenset({
+    "GIT_EXEC_PATH", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+    "GIT_CONFIG_NOSYSTEM", "GIT_SSL_CAINFO",
+})
+# Configuration forced on every call: no hook may run (update-ref would run
+# a reference-transaction hook), our temporary index must never leave shared
+# split-index files in the user's .git, and no commit gets signed.
+GIT_FORCED_CONFIG = ("core.splitIndex=false", "core.untrackedCache=false",
+                     "commit.gpgSign=false")
+_REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+$")
+
+
+class GitCommandFailed(Exception):
+    """A git process could not run or exited non-zero; the text says which and why."""
+
+    def __init__(self, message, *, missing=False, stderr=b""):
+        super().__init__(message)
+        self.missing = missing
+        self.stderr = stderr
+
+
+def git_environment(base=None):
+    """The environment every git process of ours gets.
+
+    The repository is always the one that contains the workspace `root`,
+    found by git's own discovery from `root`: GIT_DIR, GIT_WORK_TREE,
+    GIT_INDEX_FILE, GIT_OBJECT_DIRECTORY, GIT_CEILING_DIRECTORIES and every
+    other GIT_* variable set for the server are deliberately ignored (they
+    are often left behind by a hook or a wrapper and would redirect writes
+    into another repository or into the user's index). The user's
+    configuration files stay readable. GIT_OPTIONAL_LOCKS=0 stops
+    `git status` from refreshing the user's index file, LC_ALL=C keeps the
+    output parseable, and the fixed identity means no user.name is needed.
+    """
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items()
+           if not k.startswith("GIT_") or k in GIT_ENV_KEPT}
+    env.update(GIT_IDENTITY)
+    env.update({"LC_ALL": "C", "LANGUAGE": "C", "GIT_OPTIONAL_LOCKS": "0",
+                "GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "PAGER": "cat"})
+    return env
+
+
+def find_git_marker(root):
+    """True when `root` or one of its parents holds a `.git` directory or file.
+
+    A cheap pre-check so that a workspace outside any repository never
+    starts a git process; git itself has the final word.
+    """
+    current = os.path.abspath(root)
+    while True:
+        if os.path.lexists(os.path.join(current, ".git")):
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def step_ref_name(task_id, step_index):
+    """refs/checkpoints/<task_id>/s0001 (four digits, more when needed)."""
+    return "%s%s/s%04d" % (GIT_REF_PREFIX, task_id, step_index)
+
+
+def git_file_mode(mode):
+    """The git tree mode for a recorded st_mode: executable by owner or not."""
+    return "100755" if mode & 0o100 else "100644"
+
+
+class BlobCache:
+    """sha256 of stored content -> git blob id, per repository, in a JSON file.
+
+    Lives at <store>/git/blobs.json as {"repos": {<git common dir>: {sha: oid}}},
+    so one store shared by several repositories never hands one repository
+    an object id that only another one has. Written with temp + os.replace.
+    """
+
+    def __init__(self, path, repo_key):
+        self.path = path
+        self.repo_key = repo_key
+        self._all = self._load()
+        self.known = self._all.setdefault(repo_key, {})
+        self.dirty = False
+
+    def _load(self):
+        try:
+            with open(self.path, "r", encoding="utf-8") as fh:
+                data = json.load(fh)
+            repos = data.get("repos")
+            return repos if isinstance(repos, dict) else {}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def add(self, sha256_hex, oid):
+        if self.known.get(sha256_hex) != oid:
+            self.known[sha256_hex] = oid
+            self.dirty = True
+
+    def forget_repo(self):
+        self.known.clear()
+        self.dirty = True
+
+    def save(self):
+        if not self.dirty:
+            return
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".blobs-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"version": 1, "repos": self._all}, fh, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.dirty = False
+
 
 class GitRefWriter:
-    """Placeholder until the git section lands: never starts git."""
+    """Writes each new step as a commit under refs/checkpoints/<task_id>/sNNNN.
 
-    def __init__(self, *, enabled, verify, log):
-        self.enabled = enabled
-        self.verify = verify
+    Contract:
+    - Plumbing only (rev-parse, for-each-ref, hash-object, update-index,
+      write-tree, commit-tree, update-ref; status/ls-files/stash list only
+      to read the fingerprint). Nothing moves HEAD, touches a branch, the
+      user's index or the work tree: the index we build is a temporary
+      GIT_INDEX_FILE inside the store, and the blobs come from the payload
+      store, not from the work tree.
+    - The commit's tree root is the workspace directory. For a workspace
+      that is a subdirectory of a larger repository the tree therefore
+      holds paths relative to the workspace, not to the repository top
+      (compare with `git diff HEAD:<subdir> refs/checkpoints/...`).
+    - The tree holds the manifest's stored files ("f"); sensitive ("s")
+      and content-less large files ("b") never reach git. The caller
+      passes no path inside the store.
+    - The parent is the task's previous checkpoint commit (the ref named
+      by `parent_hint` when it exists, else the highest-numbered step ref
+      below this one), so `git log` walks the task's steps.
+    - The ref is created with `update-ref <ref> <new> <zero-oid>`: git
+      refuses to overwrite an existing ref, so there is no
+      check-then-write race; an existing ref yields reason "ref exists".
+    - The number of git processes is constant per save, whatever the
+      number of files; content git already has is never hashed again.
+    - It never raises: every failure becomes {"ok": False, "error": ...}
+      and a line in the log.
+    """
+
+    def __init__(self, *, enabled, verify, log, environ=None):
+        self.enabled = bool(enabled)
+        self.verify = bool(verify)
         self.log = log
+        self.environ = environ  # the server's environment; None: os.environ
 
     @staticmethod
-    def skipped(reason):
-        return {"ok": False, "ref": None, "reason": reason, "unchanged": None}
+    def skipped(reason, *, ref=None, error=None, unchanged=None):
+        """The git result of a save that made no ref, for `reason`."""
+        result = {"ok": False, "ref": ref, "reason": reason, "unchanged": unchanged}
+        if error is not None:
+            result["error"] = error
+        return result
 
-    def write_step_ref(self, **kwargs):
+    @staticmethod
+    def made(ref, *, unchanged=None):
+        """The git result of a save that created `ref`."""
+        return {"ok": True, "ref": ref, "reason": None, "unchanged": unchanged}
+
+    def write_step_ref(self, *, root, store_dir, task_id, step_index,
+                       entries, payload_path, message, parent_hint=None):
+        """Create refs/checkpoints/<task_id>/sNNNN for a new step; never raises."""
         if not self.enabled:
             return self.skipped("TC_GIT=off")
-        return self.skipped("not a git repo")
+        try:
+            if not find_git_marker(root):
+                return self.skipped("not a git repo")
+            run = _GitRunner(root, store_dir, git_environment(self.environ))
+            return self._write_verified(run, store_dir, task_id, step_index,
+                                        entries, payload_path, message, parent_hint)
+        except GitCommandFailed as exc:
+            return self._failure(exc, task_id, step_index)
+        except Exception as exc:  # a bug or an OS error must not fail the save
+            return self._failure(GitCommandFailed("%s: %s" % (type(exc).__name__, exc)),
+                                 task_id, step_index)
+
+    def _failure(self, exc, task_id, step_index):
+        reason = "git not found" if exc.missing else "git failed"
+        self.log("git ref for %s step %d not written: %s" % (task_id, step_index, exc))
+        return self.skipped(reason, error=str(exc))
+
+    def _write_verified(self, run, store_dir, task_id, step_index,
+                        entries, payload_path, message, parent_hint):
+        repo_key = run.discover()
+        if repo_key is None:
+            # A .git was found but git does not accept it (damaged or foreign).
+            self.log("no git repository for %r: %s" % (run.root, run.not_a_repo))
+            return self.skipped("not a git repo", error=run.not_a_repo)
+        before = run.fingerprint() if self.verify else None
+        try:
+            result = self._create_ref(run, repo_key, store_dir, task_id, step_index,
+                                      entries, payload_path, message, parent_hint)
+        except GitCommandFailed as exc:
+            result = self._failure(exc, task_id, step_index)
+        if before is not None:
+            result["unchanged"] = self._unchanged(run, before, task_id)
+        return result
+
+    def _unchanged(self, run, before, task_id):
+        try:
+            after = run.fingerprint()
+        except GitCommandFailed as exc:
+            self.log("git fingerprint after saving %s failed: %s" % (task_id, exc))
+            return None
+        if after != before:
+            self.log("git repository changed while saving %s" % task_id)
+        return after == before
+
+    def _create_ref(self, run, repo_key, store_dir, task_id, step_index,
+                    entries, payload_path, message, parent_hint):
+        if not _REF_COMPONENT.match(task_id or ""):
+            raise GitCommandFailed("task id %r is not a valid git ref component" % task_id)
+        ref = step_ref_name(task_id, step_index)
+        existing = run.task_refs(task_id)
+        if ref in existing:
+            self.log("git ref %s already exists; left as it is" % ref)
+            return self.skipped("ref exists")
+        files = [(p, git_file_mode(m), sha) for p, m, sha, kind in entries if kind == "f"]
+        cache = BlobCache(os.path.join(store_dir, "git", "blobs.json"), repo_key)
+        tree = self._tree_with_retry(run, cache, files, payload_path)
+        parent = choose_parent(existing, ref, parent_hint)
+        commit = run.commit_tree(tree, parent, message)
+        if not run.create_ref(ref, commit, message):
+            self.log("git ref %s appeared concurrently; left as it is" % ref)
+            return self.skipped("ref exists")
+        return self.made(ref)
+
+    def _tree_with_retry(self, run, cache, files, payload_path):
+        """Build the tree; if a cached blob id is gone (gc), hash everything again."""
+        try:
+            return self._build_tree(run, cache, files, payload_path)
+        except GitCommandFailed as exc:
+            if not cache.known:
+                raise
+            self.log("git tree from cached blobs failed (%s); re-hashing" % exc)
+            cache.forget_repo()
+            return self._build_tree(run, cache, files, payload_path)
+
+    def _build_tree(self, run, cache, files, payload_path):
+        missing = sorted({sha for _, _, sha in files if sha not in cache.known})
+        if missing:
+            oids = run.hash_blobs([payload_path(sha) for sha in missing])
+            for sha, oid in zip(missing, oids):
+                cache.add(sha, oid)
+        tree = run.write_tree([(mode, cache.known[sha], path) for path, mode, sha in files])
+        cache.save()
+        return tree
+
+
+def choose_parent(existing, ref, parent_hint):
+    """The parent commit: `parent_hint` if it is an existing ref of the task,
+    else the highest-numbered step ref below `ref`, else None."""
+    if parent_hint and parent_hint in existing and parent_hint != ref:
+        return existing[parent_hint]
+    below = [name for name in existing if _step_key(name) < _step_key(ref)]
+    return existing[max(below, key=_step_key)] if below else None
+
+
+def stderr_summary(stderr):
+    """The lines of git's stderr that say what failed (fatal:/error:), joined."""
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    wanted = [l.strip() for l in lines if l.startswith(("fatal:", "error:"))]
+    return " / ".join((wanted or lines)[:3]) or "no message"
+
+
+def reflog_message(message):
+    """One line for the reflog (update-ref refuses line breaks)."""
+    first = (message or "").strip().splitlines()[:1]
+    return "checkpoint: " + (first[0][:200] if first else "step")
+
+
+def _step_key(ref):
+    tail = ref.rsplit("/", 1)[-1]
+    return int(tail[1:]) if tail[:1] == "s" and tail[1:].isdigit() else -1
+
+
+class _GitRunner:
+    """Runs git for one workspace: argument lists, bytes, stderr in the error."""
+
+    def __init__(self, root, store_dir, env):
+        self.root = root
+        self.top = root
+        self.not_a_repo = None
+        self.store_git = os.path.join(store_dir, "git")
+        self.env = env
+        # A hooks directory that does not exist: no hook of the user runs.
+        self.config = GIT_FORCED_CONFIG + (
+            "core.hooksPath=" + os.path.join(self.store_git, "no-hooks"),)
+
+    def run(self, args, *, input=None, env=None, cwd=None, ok_codes=(0,)):
+        argv = ["git"]
+        for item in self.config:
+            argv += ["-c", item]
+        argv += list(args)
+        try:
+            proc = subprocess.run(argv, cwd=cwd or self.root, env=env or self.env,
+                                  input=input, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, stdin=None if input is not None
+                                  else subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise GitCommandFailed("git executable not found on PATH", missing=True)
+        except OSError as exc:
+            raise GitCommandFailed("cannot run git: %s" % exc)
+        if proc.returncode not in ok_codes:
+            raise GitCommandFailed("git %s failed (exit %d): %s" % (
+                args[0], proc.returncode, stderr_summary(proc.stderr)), stderr=proc.stderr)
+        return proc.stdout, proc.returncode
+
+    def discover(self):
+        """The repository's common git dir (a cache key), or None outside a repo."""
+        try:
+            out, _ = self.run(["rev-parse", "--git-common-dir", "--show-toplevel"])
+        except GitCommandFailed as exc:
+            if b"not a git repository" in exc.stderr:
+                self.not_a_repo = str(exc)
+                return None
+            raise
+        lines = out.decode("utf-8", "surrogateescape").splitlines()
+        if len(lines) < 2:
+            raise GitCommandFailed("git rev-parse gave no work tree for %r" % self.root)
+        self.top = lines[1]
+        return os.path.realpath(os.path.join(self.root, lines[0]))
+
+    def fingerprint(self):
+        """What must not change: HEAD and branch, status, the index entries,
+        every ref outside refs/checkpoints/, the stash list."""
+        status, _ = self.run(["status", "--porcelain=v2", "--branch", "-z",
+                              "--untracked-files=normal"], cwd=self.top)
+        index, _ = self.run(["ls-files", "-s", "-z"], cwd=self.top)
+        refs, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)"],
+                           cwd=self.top)
+        user_refs = [line for line in refs.splitlines()
+                     if not line.split(b" ", 1)[-1].startswith(GIT_REF_PREFIX.encode())]
+        stash, _ = self.run(["stash", "list", "--format=%H %gd"], cwd=self.top)
+        return (status, index, tuple(user_refs), stash)
+
+    def task_refs(self, task_id):
+        """{ref name: commit id} of every checkpoint ref of the task."""
+        out, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)",
+                           GIT_REF_PREFIX + task_id + "/"])
+        refs = {}
+        for line in out.decode("utf-8", "surrogateescape").splitlines():
+            oid, _, name = line.partition(" ")
+            refs[name] = oid
+        return refs
+
+    def hash_blobs(self, paths):
+        """Write the files as blobs in one process; their ids in order."""
+        if any("\n" in p or "\r" in p for p in paths):
+            raise GitCommandFailed("a payload path contains a line break")
+        data = "".join(p + "\n" for p in paths).encode("utf-8", "surrogateescape")
+        out, _ = self.run(["hash-object", "-w", "--no-filters", "--stdin-paths"],
+                          input=data)
+        oids = out.decode("ascii").split()
+        if len(oids) != len(paths):
+            raise GitCommandFailed("git hash-object returned %d ids for %d files"
+                                   % (len(oids), len(paths)))
+        return oids
+
+    def write_tree(self, rows):
+        """A tree from (mode, oid, path) rows, through a temporary index in the store."""
+        os.makedirs(self.store_git, exist_ok=True)
+        fd, index_path = tempfile.mkstemp(prefix="index-", dir=self.store_git)
+        os.close(fd)
+        os.unlink(index_path)  # git creates it; an empty file is not a valid index
+        env = dict(self.env, GIT_INDEX_FILE=index_path)
+        try:
+            data = b"".join(("%s %s\t%s\0" % row).encode("utf-8", "surrogateescape")
+                            for row in rows)
+            self.run(["update-index", "-z", "--index-info"], input=data, env=env)
+            out, _ = self.run(["write-tree"], env=env)
+            return out.decode("ascii").strip()
+        finally:
+            for leftover in (index_path, index_path + ".lock"):
+                try:
+                    os.unlink(leftover)
+                except OSError:
+                    pass
+
+    def commit_tree(self, tree, parent, message):
+        args = ["commit-tree", "--no-gpg-sign", tree]
+        if parent:
+            args += ["-p", parent]
+        out, _ = self.run(args, input=(message or "checkpoint").encode("utf-8") + b"\n")
+        return out.decode("ascii").strip()
+
+    def create_ref(self, ref, commit, message):
+        """Create-only update; False when the ref already exists."""
+        zero = "0" * len(commit)
+        try:
+            self.run(["update-ref", "-m", reflog_message(message), ref, commit, zero])
+            return True
+        except GitCommandFailed:
+            _, code = self.run(["rev-parse", "--verify", "--quiet", ref], ok_codes=(0, 1))
+            if code == 0:
+                return False
+            raise
 
 
 # ---------------------------------------------------------------------------
@@ -1253,8 +1664,9 @@ class Store:
         self.log = log
         self.payloads = PayloadStore(os.path.join(directory, "payload"))
         self.lock = StoreLock(os.path.join(directory, "state.lock"),
-                              on_acquire=self.recover_journals)
+                              on_acquire=self.recover, on_release=self.end_write)
         self._tasks = {}
+        self._writing = False
 
     def task(self, task_id):
         records = self._tasks.get(task_id)
@@ -1291,11 +1703,48 @@ class Store:
         except FileNotFoundError:
             return []
 
-    def recover_journals(self):
-        """Roll back operations whose process died (called with the lock newly held)."""
+    @property
+    def marker_path(self):
+        return os.path.join(self.directory, "writing")
+
+    def begin_write(self):
+        """Mark the store as being written until the lock is released.
+
+        A marker still present when the lock is next taken means the writer
+        died: its temporary files are swept and its journal rolled back.
+        """
+        if not self._writing:
+            with open(self.marker_path, "wb"):
+                pass
+            self._writing = True
+
+    def end_write(self):
+        if self._writing:
+            remove_file(self.marker_path)
+            self._writing = False
+
+    def recover(self):
+        """Clean up after a writer that died (called with the lock newly held)."""
         for directory in self.journal_dirs():
             self.log("rolling back the interrupted operation %s" % os.path.basename(directory))
             rollback_journal(self, directory)
+        if os.path.exists(self.marker_path):
+            swept = sweep_temp_files(self.directory)
+            if swept:
+                self.log("removed %d temporary file(s) left by an interrupted write" % swept)
+            remove_file(self.marker_path)
+
+
+def sweep_temp_files(directory):
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(directory):
+        if os.path.basename(dirpath) == "journal":
+            dirnames[:] = []
+            continue
+        for name in filenames:
+            if name.startswith(".tmp-"):
+                count += remove_file(os.path.join(dirpath, name))
+    return count
 
 
 class Snapshot(typing.NamedTuple):
@@ -1449,32 +1898,43 @@ class Checkpoints:
                                   % (name, store))
         return real
 
-    def _workspace(self, root, task_id=None, *, need_task=True):
+    def _workspace(self, root, task_id=None, *, lenient=False):
+        """Validate root and resolve the task (given, else the root's active one).
+
+        lenient: a damaged state file leaves ws.state None instead of raising,
+        so read-only reports can still describe the damage.
+        """
         root = validate_root(root)
         if task_id is not None:
             validate_task_id(task_id)
         store = self._store(self.store_dir_for(root))
-        ws = Workspace(root, store)
-        if not need_task and task_id is None:
-            ws.task_id = store.read_current().get(root) if os.path.isdir(store.directory) else None
-        else:
-            ws.task_id = task_id or (store.read_current().get(root)
-                                     if os.path.isdir(store.directory) else None)
+        ws = Workspace(root, store, task_id)
+        if ws.task_id is None and os.path.isdir(store.directory):
+            ws.task_id = store.read_current().get(root)
         if ws.task_id is None:
-            if need_task:
-                raise NotFound("no active task for %r: start one with tc_init" % root)
+            raise NotFound("no active task for %r: start one with tc_init" % root)
+        try:
+            ws.state = ws.records.read_state()
+        except StoreCorrupt:
+            if not lenient:
+                raise
             return ws
-        ws.state = ws.records.read_state()
         if ws.state.get("root") != root:
             raise InvalidArgument("task %r belongs to the workspace %r, not %r"
                                   % (ws.task_id, ws.state.get("root"), root))
         return ws
 
     def _need_writable(self, ws):
+        """Called inside the lock by every operation that writes the store."""
         if not ws.store.lock.writable:
             raise StoreUnwritable("the store %r cannot be written (read-only or missing "
                                   "permissions); free it or point TC_STORE elsewhere"
                                   % ws.store.directory)
+        try:
+            ws.store.begin_write()
+        except OSError as exc:
+            raise StoreUnwritable("the store %r cannot be written (%s)"
+                                  % (ws.store.directory, describe_os_error(exc))) from None
 
     # -- snapshots ----------------------------------------------------------
 
@@ -1802,14 +2262,15 @@ class Checkpoints:
 
     def resume(self, root, *, task_id=None):
         """Read-only: where the task stands, and what changed since it was recorded."""
-        ws = self._workspace(root, task_id)
+        ws = self._workspace(root, task_id, lenient=True)
         errors = []
         with ws.store.lock:
-            state = ws.records.read_state()
-            last = ws.records.read_step(state["head"]) if state["head"] else None
-            index_doc = self._read_index_checked(ws, errors)
             active = ws.store.read_current().get(ws.root)
-        ws.state = state
+            if ws.state is None:
+                return self._damaged_resume(ws, active)
+            state = ws.state
+            last = self._read_step_checked(ws, state["head"], errors)
+            index_doc = self._read_index_checked(ws, errors)
         scan = scan_tree(ws.root, ws.policy())
         drift_paths = self._drift_paths(scan, index_doc)
         errors.extend(self._health(ws, state))
@@ -1825,6 +2286,26 @@ class Checkpoints:
                   "store": ws.store.directory, "active_task": active, "skipped": scan.skipped}
         result["handoff"] = handoff_text(state, last, drift_paths)
         return result
+
+    def _damaged_resume(self, ws, active):
+        """What resume can say when the task's state file cannot be read."""
+        errors = self._health(ws, {})
+        empty = {"title": "", "conclusion": "", "description": "", "next": ""}
+        return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
+                "constraints": "", "head": 0, "last": empty, "open_questions": [],
+                "drift_paths": [], "next": "", "health": {"ok": False, "errors": errors},
+                "store": ws.store.directory, "active_task": active, "skipped": [],
+                "handoff": "Task %s: its state file is damaged; see health.errors" % ws.task_id}
+
+    @staticmethod
+    def _read_step_checked(ws, index, errors):
+        if not index:
+            return None
+        try:
+            return ws.records.read_step(index)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            return None
 
     def _read_index_checked(self, ws, errors):
         try:

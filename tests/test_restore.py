@@ -1,0 +1,599 @@
+"""tc_restore through a real server: previews, byte-exact round trips, undo,
+refusals, sensitive files, permissions, symlinks and a failed apply.
+
+Every test drives `scripts/tc_mcp.py` as a subprocess and checks real bytes on
+disk: the workspace after a restore must equal, file by file and mode by mode,
+the snapshot taken when the step was saved.
+"""
+
+import hashlib
+import os
+import re
+import secrets
+import stat
+import time
+import unittest
+
+from support import WorkspaceTest, snapshot, write
+
+DRIFT_ID = re.compile(r"^d\d{4,}$")
+
+# Files whose contents are bookkeeping rather than records: a log line or a
+# lock owner written by a read-only call is not a change to the store.
+NOT_RECORDS = ("server.log", "state.lock")
+
+
+def paths_of(items):
+    """Plan and skipped entries may be plain paths or objects with a path."""
+    out = set()
+    for item in items or []:
+        if isinstance(item, str):
+            out.add(item)
+        elif isinstance(item, dict):
+            out.add(item.get("path"))
+    return out
+
+
+def head_index(head):
+    """The step number a `head` value points at, whatever its shape."""
+    if isinstance(head, bool):
+        return None
+    if isinstance(head, int):
+        return head
+    if isinstance(head, dict):
+        for key in ("index", "step"):
+            if isinstance(head.get(key), int):
+                return head[key]
+    if isinstance(head, str):
+        match = re.search(r"(\d+)$", head)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def fingerprint(top):
+    """Every path under top with its type, size, mode and mtime.
+
+    Bookkeeping files (NOT_RECORDS) count only by presence. Directory
+    mtimes are left out so that a lock taken on an existing file is fine.
+    """
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, top)
+            st = os.lstat(full)
+            if name in NOT_RECORDS:
+                out[rel] = "present"
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", st.st_mode)
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(full))
+            else:
+                out[rel] = ("file", st.st_size, st.st_mode, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def all_store_bytes(store):
+    """(relative path, bytes) of every regular file under the store."""
+    for dirpath, _dirnames, filenames in os.walk(store):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full) or not os.path.isfile(full):
+                continue
+            with open(full, "rb") as fh:
+                yield os.path.relpath(full, store), fh.read()
+
+
+class RestoreTest(WorkspaceTest):
+    """Shared moves: start a task, save a step, restore, look at the store."""
+
+    def init(self, srv, name="restore task"):
+        res = srv.ok("tc_init", root=self.root, name=name, goal="check restores")
+        return res["task_id"]
+
+    def save(self, srv, title, **extra):
+        res = srv.ok("tc_save", root=self.root, title=title,
+                     conclusion="done: " + title, next="continue after " + title, **extra)
+        return res["index"]
+
+    def restore(self, srv, **arguments):
+        return srv.call("tc_restore", root=self.root, **arguments)
+
+    def restore_ok(self, srv, **arguments):
+        return srv.ok("tc_restore", root=self.root, **arguments)
+
+    def task_dir(self, task_id):
+        return os.path.join(self.store, "tasks", task_id)
+
+    def record_files(self, task_id):
+        """Names of the step, drift and manifest records of a task."""
+        out = {}
+        for kind in ("steps", "drifts", "manifest"):
+            folder = os.path.join(self.task_dir(task_id), kind)
+            out[kind] = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        return out
+
+    def store_records(self, task_id):
+        """What a failed restore must leave as it was: records and state files."""
+        out = self.record_files(task_id)
+        for name in ("state.json", "index.json"):
+            path = os.path.join(self.task_dir(task_id), name)
+            if os.path.exists(path):
+                with open(path, "rb") as fh:
+                    out[name] = fh.read()
+        current = os.path.join(self.store, "current.json")
+        if os.path.exists(current):
+            with open(current, "rb") as fh:
+                out["current.json"] = fh.read()
+        others = set()
+        for dirpath, _dirnames, filenames in os.walk(self.store):
+            rel_dir = os.path.relpath(dirpath, self.store)
+            if rel_dir.split(os.sep)[0] == "payload":
+                continue
+            for name in filenames:
+                if name not in NOT_RECORDS:
+                    others.add(os.path.join(rel_dir, name))
+        out["files"] = sorted(others)
+        return out
+
+    def head(self, srv):
+        return head_index(srv.ok("tc_show", root=self.root)["head"])
+
+    def assert_health_ok(self, srv):
+        health = srv.ok("tc_resume", root=self.root)["health"]
+        self.assertTrue(health["ok"], health)
+        self.assertEqual(health["errors"], [])
+
+    def assert_no_traceback(self, res):
+        self.assertNotIn("Traceback", res.text)
+        self.assertTrue(res.text.strip(), res)
+
+
+class RoundTrip(RestoreTest):
+
+    def build_three_steps(self, srv):
+        blob1 = bytes(range(256)) * 700 + b"\x00\r\n\xff" * 100
+        self.write("a.txt", "alpha v1\n")
+        self.write("empty.txt", b"")
+        self.write("src/main.py", "print('main v1')\n")
+        self.write("src/lib/util.py", "def util():\n    return 1\n")
+        self.write("bin/run.sh", "#!/bin/sh\necho run v1\n", mode=0o755)
+        self.write("data/blob.bin", blob1)
+        self.write("docs/readme.md", "# docs\r\nwindows line ends\r\n")
+        s1 = self.save(srv, "step one")
+        snap1 = snapshot(self.root)
+
+        self.write("a.txt", "alpha v2, longer than before\n")
+        os.remove(os.path.join(self.root, "docs", "readme.md"))
+        os.rmdir(os.path.join(self.root, "docs"))
+        self.write("src/lib/deep/new/mod.py", "VALUE = 2\n")
+        self.write("data/blob.bin", blob1[:1000] + b"\x01\x02" + blob1[1002:])
+        self.write("\u00fcn\u00ef/\u540d\u524d.txt", "unicode name\n")
+        s2 = self.save(srv, "step two")
+        snap2 = snapshot(self.root)
+
+        os.remove(os.path.join(self.root, "src", "lib", "util.py"))
+        os.remove(os.path.join(self.root, "bin", "run.sh"))
+        self.write("a.txt", "alpha v3\n")
+        self.write("data/second.bin", os.urandom(300 * 1024))
+        self.write("tools/build.sh", "#!/bin/sh\necho build\n", mode=0o750)
+        s3 = self.save(srv, "step three")
+        snap3 = snapshot(self.root)
+
+        self.assertEqual((s1, s2, s3), (1, 2, 3))
+        self.assertEqual(len({repr(sorted(s.items())) for s in (snap1, snap2, snap3)}), 3)
+        return snap1, snap2, snap3
+
+    def test_back_forward_and_undo_byte_exact(self):
+        srv = self.server()
+        self.init(srv)
+        snap1, snap2, snap3 = self.build_three_steps(srv)
+
+        # Unsaved work made just before the restore must survive an undo.
+        self.write("a.txt", "alpha unsaved edit\n")
+        self.write("notes/unsaved.txt", "never saved anywhere\n")
+        os.chmod(os.path.join(self.root, "tools", "build.sh"), 0o700)
+        before = snapshot(self.root)
+
+        listing = fingerprint(self.tmp)
+        preview = self.restore_ok(srv, index=2)
+        self.assertEqual(fingerprint(self.tmp), listing, "a preview wrote something")
+        self.assertFalse(preview["applied"])
+        self.assertIsNone(preview["recovered"])
+        plan = preview["plan"]
+        for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
+            self.assertIn(key, plan)
+        self.assertEqual(paths_of(plan["to_delete"]), set(before) - set(snap2))
+        self.assertEqual(paths_of(plan["to_write"]), set(snap2) - set(before))
+        changed = {p for p in set(before) & set(snap2) if before[p][0] != snap2[p][0]}
+        self.assertEqual(paths_of(plan["to_replace"]) - {"tools/build.sh"}, changed)
+        self.assertEqual(paths_of(plan["unrestorable"]), set())
+        self.assertEqual(snapshot(self.root), before)
+
+        applied = self.restore_ok(srv, index=2, apply=True)
+        self.assertTrue(applied["applied"])
+        recovered = applied["recovered"]
+        self.assertIsInstance(recovered, str)
+        self.assertRegex(recovered, DRIFT_ID)
+        self.assertEqual(paths_of(applied["plan"]["to_delete"]), paths_of(plan["to_delete"]))
+        self.assertEqual(paths_of(applied["plan"]["to_write"]), paths_of(plan["to_write"]))
+        self.assertEqual(snapshot(self.root), snap2)
+        self.assertEqual(self.head(srv), 2)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "notes", "unsaved.txt")))
+
+        # Nothing left to do: the same preview is now empty.
+        again = self.restore_ok(srv, index=2)
+        for key in ("to_delete", "to_write", "to_replace"):
+            self.assertEqual(paths_of(again["plan"][key]), set(), key)
+
+        forward = self.restore_ok(srv, index=3, apply=True)
+        self.assertTrue(forward["applied"])
+        self.assertEqual(snapshot(self.root), snap3)
+        self.assertEqual(self.head(srv), 3)
+
+        back = self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(snapshot(self.root), snap1)
+
+        undo = self.restore_ok(srv, drift_id=recovered, apply=True)
+        self.assertTrue(undo["applied"])
+        self.assertEqual(snapshot(self.root), before)
+        self.assertEqual(self.read("a.txt"), b"alpha unsaved edit\n")
+        self.assertEqual(self.read("notes/unsaved.txt"), b"never saved anywhere\n")
+        self.assertNotEqual(undo["recovered"], recovered)
+
+        # And the undo of the undo brings step 1 back.
+        self.restore_ok(srv, drift_id=undo["recovered"], apply=True)
+        self.assertEqual(snapshot(self.root), snap1)
+        self.assert_health_ok(srv)
+
+    def test_a_new_server_restores_what_another_saved(self):
+        srv = self.server()
+        self.init(srv)
+        snap1, snap2, _snap3 = self.build_three_steps(srv)
+        srv.close()
+        other = self.server()
+        self.restore_ok(other, index=1, apply=True)
+        self.assertEqual(snapshot(self.root), snap1)
+        self.restore_ok(other, index=2, apply=True)
+        self.assertEqual(snapshot(self.root), snap2)
+
+    def test_step_numbers_are_never_reused(self):
+        srv = self.server()
+        self.init(srv)
+        for i in range(1, 4):
+            self.write("f.txt", "version %d\n" % i)
+            self.assertEqual(self.save(srv, "step %d" % i), i)
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(self.read("f.txt"), b"version 1\n")
+        self.assertEqual(self.head(srv), 1)
+        self.write("f.txt", "a new branch of work\n")
+        self.assertEqual(self.save(srv, "after going back"), 4)
+        shown = srv.ok("tc_show", root=self.root, limit=200)
+        indices = [step["index"] for step in shown["steps"]]
+        self.assertEqual(sorted(indices), [1, 2, 3, 4])
+        titles = {step["index"]: step["title"] for step in shown["steps"]}
+        self.assertEqual(titles[3], "step 3")
+        self.assertEqual(titles[4], "after going back")
+        self.assertEqual(self.head(srv), 4)
+        # Step 3 is still there and still restores.
+        self.restore_ok(srv, index=3, apply=True)
+        self.assertEqual(self.read("f.txt"), b"version 3\n")
+
+
+class Refusals(RestoreTest):
+
+    def setUp(self):
+        super().setUp()
+        self.srv = self.server()
+        self.task_id = self.init(self.srv)
+        self.write("f.txt", "one\n")
+        self.save(self.srv, "one")
+        self.write("f.txt", "two\n")
+        self.save(self.srv, "two")
+        self.write("f.txt", "unsaved\n")
+
+    def assert_refused(self, words, **arguments):
+        listing = fingerprint(self.tmp)
+        records = self.store_records(self.task_id)
+        res = self.restore(self.srv, **arguments)
+        self.assertTrue(res.is_error, res)
+        self.assert_no_traceback(res)
+        low = res.text.lower()
+        self.assertTrue(any(word in low for word in words), res.text)
+        self.assertEqual(fingerprint(self.tmp), listing)
+        self.assertEqual(self.store_records(self.task_id), records)
+        self.assertEqual(self.read("f.txt"), b"unsaved\n")
+        return res
+
+    def test_both_index_and_drift_id(self):
+        first = self.restore_ok(self.srv, index=1, apply=True)
+        self.write("f.txt", "unsaved\n")
+        self.assert_refused(("index", "drift"), index=1, drift_id=first["recovered"], apply=True)
+        self.assert_refused(("index", "drift"), index=1, drift_id=first["recovered"])
+
+    def test_neither_index_nor_drift_id(self):
+        self.assert_refused(("index", "drift"), apply=True)
+        self.assert_refused(("index", "drift"))
+
+    def test_index_out_of_range(self):
+        res = self.assert_refused(("99", "step", "index"), index=99, apply=True)
+        self.assertIn("99", res.text)
+        self.assert_refused(("99", "step", "index"), index=99)
+
+    def test_unknown_and_malformed_drift_ids(self):
+        self.assert_refused(("d9999", "drift"), drift_id="d9999", apply=True)
+        for bad in ("../../etc", "d0001/../x", "", "d1 x"):
+            self.assert_refused(("drift",), drift_id=bad, apply=True)
+
+    def test_closed_task_previews_but_does_not_apply(self):
+        self.write("f.txt", "three\n")
+        closed = self.srv.ok("tc_save", root=self.root, title="three", conclusion="all done",
+                             next="nothing", close=True)
+        self.assertTrue(closed["closed"])
+        self.write("f.txt", "edited after closing\n")
+        listing = fingerprint(self.tmp)
+        preview = self.restore_ok(self.srv, index=1)
+        self.assertFalse(preview["applied"])
+        self.assertIn("f.txt", paths_of(preview["plan"]["to_replace"]))
+        self.assertEqual(fingerprint(self.tmp), listing)
+
+        records = self.store_records(self.task_id)
+        res = self.restore(self.srv, index=1, apply=True)
+        self.assertTrue(res.is_error, res)
+        self.assert_no_traceback(res)
+        self.assertIn("closed", res.text.lower())
+        self.assertEqual(self.read("f.txt"), b"edited after closing\n")
+        self.assertEqual(fingerprint(self.tmp), listing)
+        self.assertEqual(self.store_records(self.task_id), records)
+
+
+class SensitiveFiles(RestoreTest):
+
+    def test_sensitive_files_are_never_touched_and_never_stored(self):
+        srv = self.server()
+        task_id = self.init(srv)
+        markers = [secrets.token_hex(16) for _ in range(4)]
+        env1 = ("API_TOKEN=%s\n" % markers[0]).encode()
+        env2 = ("API_TOKEN=%s\nEXTRA=%s\n" % (markers[1], markers[1])).encode()
+        key = ("-----BEGIN KEY-----\n%s\n-----END KEY-----\n" % markers[2]).encode()
+        config_secret = ('{"password": "%s"}\n' % markers[3]).encode()
+
+        self.write(".env", env1)
+        self.write("config/secrets.json", config_secret)
+        self.write("a.txt", "a v1\n")
+        self.write("src/code.py", "x = 1\n")
+        first = srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        self.assertEqual(first["index"], 1)
+        snap1 = snapshot(self.root)
+
+        self.write(".env", env2)
+        self.write("keys/id_rsa", key, mode=0o600)
+        os.remove(os.path.join(self.root, "config", "secrets.json"))
+        self.write("a.txt", "a v2\n")
+        self.write("b.txt", "b new\n")
+        self.save(srv, "two")
+
+        sensitive = {".env", "keys/id_rsa", "config/secrets.json"}
+        preview = self.restore_ok(srv, index=1)
+        plan = preview["plan"]
+        self.assertTrue(sensitive <= paths_of(plan["unrestorable"]), plan)
+        touched = (paths_of(plan["to_delete"]) | paths_of(plan["to_write"])
+                   | paths_of(plan["to_replace"]))
+        self.assertFalse(touched & sensitive, plan)
+        self.assertIn("a.txt", paths_of(plan["to_replace"]))
+        self.assertIn("b.txt", paths_of(plan["to_delete"]))
+
+        applied = self.restore_ok(srv, index=1, apply=True)
+        self.assertTrue(applied["applied"])
+        self.assertEqual(paths_of(applied["plan"]["unrestorable"]) & sensitive, sensitive)
+        self.assertEqual(self.read(".env"), env2)
+        self.assertEqual(self.read("keys/id_rsa"), key)
+        self.assertEqual(os.stat(os.path.join(self.root, "keys", "id_rsa")).st_mode & 0o777, 0o600)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "config", "secrets.json")))
+        # Everything else is back as it was at step 1.
+        now = snapshot(self.root)
+        for path, value in snap1.items():
+            if path not in sensitive:
+                self.assertEqual(now.get(path), value, path)
+        self.assertNotIn("b.txt", now)
+
+        # Undo: the sensitive files still stay exactly as they are.
+        self.restore_ok(srv, drift_id=applied["recovered"], apply=True)
+        self.assertEqual(self.read("b.txt"), b"b new\n")
+        self.assertEqual(self.read(".env"), env2)
+        self.assertEqual(self.read("keys/id_rsa"), key)
+        srv.ok("tc_resume", root=self.root)
+        srv.ok("tc_show", root=self.root, include_drift=True)
+
+        for rel, data in all_store_bytes(self.store):
+            for marker in markers:
+                self.assertNotIn(marker.encode(), data, "secret content stored in " + rel)
+                self.assertNotIn(marker, rel)
+            for secret in (env1, env2, key, config_secret):
+                self.assertNotIn(hashlib.sha256(secret).hexdigest().encode(), data,
+                                 "a sensitive file's hash stored in " + rel)
+        self.assertTrue(os.path.isdir(self.task_dir(task_id)))
+
+
+class ModesAndTimes(RestoreTest):
+
+    def test_exec_bits_read_only_files_and_mtimes(self):
+        srv = self.server()
+        self.init(srv)
+        old = 1_000_000_000
+        self.write("run.sh", "#!/bin/sh\necho one\n", mode=0o755)
+        self.write("ro.txt", "read only v1\n", mode=0o444)
+        self.write("keep.txt", "never changes\n")
+        self.write("edited.txt", "edited v1\n")
+        for rel in ("keep.txt", "edited.txt"):
+            os.utime(os.path.join(self.root, rel), (old, old))
+        self.save(srv, "one")
+        snap1 = snapshot(self.root)
+
+        run = os.path.join(self.root, "run.sh")
+        ro = os.path.join(self.root, "ro.txt")
+        self.write("run.sh", "#!/bin/sh\necho two, changed\n")
+        os.chmod(run, 0o644)
+        os.chmod(ro, 0o644)
+        self.write("ro.txt", "read only v2, longer\n")
+        os.chmod(ro, 0o444)
+        self.write("edited.txt", "edited v2\n")
+        self.write("gone.sh", "#!/bin/sh\n", mode=0o700)
+        self.save(srv, "two")
+        keep_before = os.stat(os.path.join(self.root, "keep.txt"))
+
+        preview = self.restore_ok(srv, index=1)
+        self.assertEqual(paths_of(preview["plan"]["to_replace"]),
+                         {"run.sh", "ro.txt", "edited.txt"})
+        self.assertEqual(paths_of(preview["plan"]["to_delete"]), {"gone.sh"})
+
+        started = time.time()
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(snapshot(self.root), snap1)
+        self.assertEqual(os.stat(run).st_mode & 0o777, 0o755)
+        self.assertEqual(os.stat(ro).st_mode & 0o777, 0o444)
+        keep_after = os.stat(os.path.join(self.root, "keep.txt"))
+        self.assertEqual(keep_after.st_mtime_ns, keep_before.st_mtime_ns)
+        self.assertEqual(keep_after.st_ino, keep_before.st_ino)
+        # Rewritten files get a fresh mtime, never the recorded old one.
+        edited = os.stat(os.path.join(self.root, "edited.txt"))
+        self.assertGreater(edited.st_mtime, started - 60)
+
+        # A deleted executable comes back executable.
+        os.remove(run)
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(os.stat(run).st_mode & 0o777, 0o755)
+        self.assertEqual(self.read("run.sh"), b"#!/bin/sh\necho one\n")
+
+
+class FailedApply(RestoreTest):
+
+    def test_apply_that_fails_midway_leaves_everything_as_it_was(self):
+        srv = self.server()
+        task_id = self.init(srv)
+        self.write("a.txt", "a v1\n")
+        self.write("d", "d was a plain file at step 1\n")
+        for i in range(20):
+            self.write("many/%02d.txt" % i, "many v1 %d\n" % i)
+        self.save(srv, "one")
+        snap1 = snapshot(self.root)
+
+        os.remove(os.path.join(self.root, "d"))
+        self.write("a.txt", "a v2\n")
+        for i in range(20):
+            self.write("many/%02d.txt" % i, "many v2 %d\n" % i)
+        self.save(srv, "two")
+
+        # Unsaved edits, and `d` is now a directory that cannot be removed by
+        # the restore: it holds an excluded folder the scan never lists.
+        self.write("a.txt", "a v3 unsaved\n")
+        self.write("fresh.txt", "fresh unsaved\n")
+        self.write("d/inner.txt", "unsaved inside d\n")
+        self.write("d/node_modules/keep.js", "module.exports = 1;\n")
+        self.write("many/05.txt", "many unsaved\n", mode=0o600)
+        before = snapshot(self.root)
+        head_before = self.head(srv)
+        records = self.store_records(task_id)
+
+        res = self.restore(srv, index=1, apply=True)
+        if res.is_error:
+            self.assert_no_traceback(res)
+            self.assertNotIn("\n", res.text.strip())
+            self.assertEqual(snapshot(self.root), before)
+            self.assertEqual(self.store_records(task_id), records)
+            self.assertEqual(self.head(srv), head_before)
+        else:
+            # The only other acceptable outcome: `d` was seen up front as
+            # unrestorable and everything else restored.
+            self.assertIn("d", paths_of(res["plan"]["unrestorable"]), res.data)
+            self.assertEqual(self.read("d/node_modules/keep.js"), b"module.exports = 1;\n")
+            self.assertEqual(self.read("a.txt"), b"a v1\n")
+        self.assert_health_ok(srv)
+
+        # With the obstacle gone the same restore works.
+        for rel in ("d/node_modules/keep.js", "d/inner.txt"):
+            if os.path.exists(os.path.join(self.root, rel)):
+                os.remove(os.path.join(self.root, rel))
+        os.rmdir(os.path.join(self.root, "d", "node_modules"))
+        if os.path.isdir(os.path.join(self.root, "d")):
+            os.rmdir(os.path.join(self.root, "d"))
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(snapshot(self.root), snap1)
+        self.assert_health_ok(srv)
+
+
+class Symlinks(RestoreTest):
+
+    def setUp(self):
+        super().setUp()
+        self.outside = os.path.join(self.tmp, "outside")
+        self.marker = secrets.token_hex(16)
+        write(self.outside, "target.txt", "outside " + self.marker + "\n")
+        write(self.outside, "victim.txt", "victim must stay\n")
+        write(self.outside, "sub/f.txt", "outside sub stays\n")
+        self.outside_before = snapshot(self.outside)
+
+    def test_symlinks_are_skipped_and_never_followed(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("real.txt", "real\n")
+        os.symlink(os.path.join(self.outside, "target.txt"), os.path.join(self.root, "link.txt"))
+        os.symlink(self.outside, os.path.join(self.root, "linkdir"))
+        saved = srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        skipped = paths_of(saved["skipped_paths"])
+        self.assertIn("link.txt", skipped)
+        self.assertIn("linkdir", skipped)
+
+        self.write("real.txt", "changed\n")
+        preview = self.restore_ok(srv, index=1)
+        self.assertIn("link.txt", paths_of(preview["skipped_paths"]))
+        touched = (paths_of(preview["plan"]["to_delete"]) | paths_of(preview["plan"]["to_write"])
+                   | paths_of(preview["plan"]["to_replace"]))
+        self.assertFalse({p for p in touched if p.startswith(("link", "linkdir/"))}, touched)
+
+        applied = self.restore_ok(srv, index=1, apply=True)
+        self.assertIn("link.txt", paths_of(applied["skipped_paths"]))
+        self.assertEqual(self.read("real.txt"), b"real\n")
+        self.assertTrue(os.path.islink(os.path.join(self.root, "link.txt")))
+        self.assertTrue(os.path.islink(os.path.join(self.root, "linkdir")))
+        self.assertEqual(snapshot(self.outside), self.outside_before)
+        for rel, data in all_store_bytes(self.store):
+            self.assertNotIn(self.marker.encode(), data, "followed a symlink into " + rel)
+
+    def test_restore_never_writes_through_a_symlink(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("real.txt", "real at step 1\n")
+        self.write("sub/f.txt", "sub file at step 1\n")
+        self.write("plain.txt", "plain v1\n")
+        self.save(srv, "one")
+
+        os.remove(os.path.join(self.root, "real.txt"))
+        os.symlink(os.path.join(self.outside, "victim.txt"), os.path.join(self.root, "real.txt"))
+        os.remove(os.path.join(self.root, "sub", "f.txt"))
+        os.rmdir(os.path.join(self.root, "sub"))
+        os.symlink(os.path.join(self.outside, "sub"), os.path.join(self.root, "sub"))
+        self.write("plain.txt", "plain v2\n")
+
+        res = self.restore(srv, index=1, apply=True)
+        self.assert_no_traceback(res)
+        self.assertEqual(snapshot(self.outside), self.outside_before)
+        if not res.is_error:
+            self.assertEqual(self.read("plain.txt"), b"plain v1\n")
+            # Each path is either left alone (still a link) or was replaced
+            # by a real file or folder holding the step's own content.
+            real = os.path.join(self.root, "real.txt")
+            if not os.path.islink(real):
+                self.assertEqual(self.read("real.txt"), b"real at step 1\n")
+            sub = os.path.join(self.root, "sub")
+            if not os.path.islink(sub):
+                self.assertEqual(self.read("sub/f.txt"), b"sub file at step 1\n")
+        else:
+            self.assertEqual(self.read("plain.txt"), b"plain v2\n")
+        self.assert_health_ok(srv)
+
+
+if __name__ == "__main__":
+    unittest.main()
