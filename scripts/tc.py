@@ -679,6 +679,7 @@ class PayloadStore:
     def __init__(self, directory):
         self.directory = directory
         self.pending = []  # payloads written since the last flush
+        self._dirs = set()  # prefix directories known to exist
 
     def path(self, sha):
         return os.path.join(self.directory, sha[:2], sha)
@@ -714,10 +715,16 @@ class PayloadStore:
             self._write_bytes(sha, data)
         return sha
 
+    def _prefix_dir(self, sha):
+        directory = os.path.join(self.directory, sha[:2])
+        if directory not in self._dirs:
+            os.makedirs(directory, exist_ok=True)
+            self._dirs.add(directory)
+        return directory
+
     def _write_bytes(self, sha, data):
         target = self.path(sha)
-        directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
+        directory = self._prefix_dir(sha)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
         try:
             with os.fdopen(fd, "wb") as out:
@@ -746,7 +753,7 @@ class PayloadStore:
             if self.has(sha):
                 remove_file(tmp)
             else:
-                os.makedirs(os.path.dirname(self.path(sha)), exist_ok=True)
+                self._prefix_dir(sha)
                 os.replace(tmp, self.path(sha))
                 self.pending.append(self.path(sha))
         except BaseException:
@@ -933,6 +940,7 @@ class TaskRecords:
         self.task_id = task_id
         self.directory = os.path.join(store_dir, "tasks", task_id)
         self.manifests = ManifestLog(os.path.join(self.directory, "manifest"))
+        self._index_cache = (None, None)
 
     @property
     def state_path(self):
@@ -992,14 +1000,27 @@ class TaskRecords:
         return self._numbers("drifts", "d")
 
     def read_index(self):
-        """{"stamp_ns", "files": {rel: row}}; row = [size, mtime, ctime, ino, dev, mode, kind, sha]."""
-        doc = read_json_or(self.index_path, None)
-        if not doc:
+        """{"stamp_ns", "files": {rel: row}}; row = [size, mtime, ctime, ino, dev, mode, kind, sha].
+
+        The parsed index is kept while the file's identity (inode, size,
+        mtime) is unchanged; every write replaces the file, so a write by any
+        process is seen. Callers must not mutate the returned document.
+        """
+        try:
+            st = os.stat(self.index_path)
+        except FileNotFoundError:
             return {"stamp_ns": 0, "files": {}}
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev)
+        cached_key, cached = self._index_cache
+        if cached_key == key:
+            return cached
+        doc = read_json_or(self.index_path, None) or {"stamp_ns": 0, "files": {}}
+        self._index_cache = (key, doc)
         return doc
 
     def write_index(self, index_doc):
         write_json(self.index_path, index_doc)
+        self._index_cache = (None, None)
 
 
 def index_row(info, kind, sha):
@@ -1210,17 +1231,21 @@ class Watcher:
                 self.tick(root)
 
     def tick(self, root, now=None):
+        """One check of root. A failed capture keeps the pending change, so the
+        next tick retries it and a lasting fault counts as one run of failures."""
         now = time.monotonic() if now is None else now
+        previous = self.pending.get(root)
         try:
             signature = self.checkpoints.unrecorded_signature(root)
-            action, self.pending[root] = watch_decision(
-                self.pending.get(root), now, signature, self.max_wait)
+            action, pending = watch_decision(previous, now, signature, self.max_wait)
             if action in ("capture", "partial"):
+                self.pending[root] = (previous[0], signature)
                 self.checkpoints.capture(root, source="watch", partial=action == "partial")
-            self.throttle.succeeded(root)
+            self.pending[root] = pending
+            if action != "wait":
+                self.throttle.succeeded(root)
             return action
         except Exception as exc:  # a tick must never kill the thread
-            self.pending.pop(root, None)
             self.throttle.failed(root, "%s: %s" % (exc.__class__.__name__, exc))
             return "error"
 
@@ -1908,6 +1933,9 @@ class Checkpoints:
         if task_id is not None:
             validate_task_id(task_id)
         store = self._store(self.store_dir_for(root))
+        if store.journal_dirs():
+            with store.lock:
+                pass  # taking the lock rolls back what a dead process left half done
         ws = Workspace(root, store, task_id)
         if ws.task_id is None and os.path.isdir(store.directory):
             ws.task_id = store.read_current().get(root)
@@ -1998,7 +2026,10 @@ class Checkpoints:
         return KIND_FILE, sha, size, mode
 
     def _write_index(self, ws, snap, old_index):
-        if snap.rows != old_index["files"] or old_index.get("stamp_ns") != snap.stamp_ns:
+        """Rewrite the index when a row changed or a racy row can now be trusted."""
+        old_stamp = old_index.get("stamp_ns", 0)
+        if snap.rows != old_index["files"] or any(
+                row[1] >= old_stamp or row[2] >= old_stamp for row in snap.rows.values()):
             ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows})
 
     def _record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
@@ -2327,16 +2358,18 @@ class Checkpoints:
         errors = []
         for dirpath, _dirs, names in os.walk(ws.records.directory):
             for name in names:
-                full = os.path.join(dirpath, name)
                 if name.startswith(".tmp-"):
-                    errors.append("leftover temporary file %r (an interrupted write)" % full)
-                elif name.endswith(".json"):
-                    try:
-                        read_json(full)
-                    except StoreCorrupt as exc:
-                        errors.append(str(exc))
-                    except OSError as exc:
-                        errors.append("cannot read %r: %s" % (full, describe_os_error(exc)))
+                    errors.append("leftover temporary file %r (an interrupted write; the next "
+                                  "save removes it)" % os.path.join(dirpath, name))
+        for path in (ws.records.state_path,):
+            try:
+                read_json(path)
+            except FileNotFoundError:
+                errors.append("%r is missing" % path)
+            except StoreCorrupt as exc:
+                errors.append(str(exc))
+            except OSError as exc:
+                errors.append("cannot read %r: %s" % (path, describe_os_error(exc)))
         if ws.store.journal_dirs():
             errors.append("an interrupted restore or import is pending; it is rolled back "
                           "by the next tool call that writes")

@@ -1,0 +1,815 @@
+"""Every tool's success path and its refusals, through a real server subprocess.
+
+Each successful result is checked against the outputSchema that tools/list
+declares for that tool, and its text content must be the same object as JSON.
+"""
+
+import json
+import os
+import re
+import tempfile
+import unittest
+
+from support import Server, WorkspaceTest, tree_listing
+
+# The result fields the contract promises for each tool ("all present").
+CONTRACT_RESULTS = {
+    "tc_init": ["task_id", "name", "store", "store_is_external", "prev_suspended", "exclude", "note"],
+    "tc_switch": ["task_id", "status"],
+    "tc_save": ["task_id", "index", "title", "groups", "skipped_paths", "idempotent", "closed",
+                "status", "active_task_changed", "git"],
+    "tc_capture": ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"],
+    "tc_show": ["steps", "drifts", "head", "next_cursor"],
+    "tc_restore": ["applied", "recovered", "plan", "skipped_paths"],
+    "tc_resume": ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
+                  "handoff", "health", "store", "active_task", "skipped"],
+    "tc_export": ["path", "filtered", "files"],
+    "tc_import": ["task_id"],
+    "tc_compress": ["converted", "eligible", "already_gone", "bytes_freed", "keep_seconds",
+                    "minimum", "maximum"],
+}
+
+CONTRACT_ARGUMENTS = {
+    "tc_init": (["root", "name"], ["goal", "constraints", "store", "exclude"]),
+    "tc_switch": (["root", "task_id"], []),
+    "tc_save": (["root", "title"], ["task_id", "description", "conclusion", "next", "verified",
+                                    "open_questions", "close", "paths"]),
+    "tc_capture": (["root"], []),
+    "tc_show": (["root"], ["task_id", "index", "include_drift", "limit", "cursor"]),
+    "tc_restore": (["root"], ["index", "drift_id", "apply"]),
+    "tc_resume": (["root"], ["task_id"]),
+    "tc_export": (["root", "to"], ["history"]),
+    "tc_import": (["root", "package"], []),
+    "tc_compress": (["root"], ["keep_seconds", "minimum", "maximum"]),
+}
+
+PLAIN_ID = re.compile(r"[A-Za-z0-9._-]+")
+DRIFT_ID = re.compile(r"d\d{4,}")
+
+
+# ---------------------------------------------------------------- JSON Schema
+_TYPES = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def schema_errors(value, schema, path="$"):
+    """The ways `value` breaks `schema` (the subset of JSON Schema our tools use)."""
+    if schema is True or not isinstance(schema, dict):
+        return []
+    errors = []
+    if "anyOf" in schema or "oneOf" in schema:
+        key = "anyOf" if "anyOf" in schema else "oneOf"
+        matches = sum(1 for alt in schema[key] if not schema_errors(value, alt, path))
+        if matches == 0 or (key == "oneOf" and matches > 1):
+            errors.append("%s: %d alternatives of %s match" % (path, matches, key))
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else list(types)
+        unknown = [t for t in types if t not in _TYPES]
+        if unknown:
+            errors.append("%s: schema uses unknown type %r" % (path, unknown))
+        if not any(_TYPES.get(t, lambda v: False)(value) for t in types):
+            return errors + ["%s: %r is not of type %s" % (path, value, types)]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append("%s: %r not in enum %r" % (path, value, schema["enum"]))
+    if "const" in schema and value != schema["const"]:
+        errors.append("%s: %r is not %r" % (path, value, schema["const"]))
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append("%s: %r below minimum %r" % (path, value, schema["minimum"]))
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append("%s: %r above maximum %r" % (path, value, schema["maximum"]))
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                errors.append("%s: required field %r missing" % (path, name))
+        for name, item in value.items():
+            if name in props:
+                errors += schema_errors(item, props[name], "%s.%s" % (path, name))
+            elif schema.get("additionalProperties") is False:
+                errors.append("%s: field %r not declared" % (path, name))
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors += schema_errors(item, schema["additionalProperties"],
+                                        "%s.%s" % (path, name))
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], "%s[%d]" % (path, i))
+    return errors
+
+
+class SchemaCheckerTest(unittest.TestCase):
+    """The checker itself must be able to fail."""
+
+    SCHEMA = {"type": "object", "required": ["a", "b"], "additionalProperties": False,
+              "properties": {"a": {"type": "integer", "minimum": 1},
+                             "b": {"type": ["string", "null"]},
+                             "c": {"type": "array", "items": {"type": "object",
+                                                              "required": ["x"],
+                                                              "properties": {"x": {"enum": [1, 2]}}}}}}
+
+    def test_accepts(self):
+        self.assertEqual(schema_errors({"a": 1, "b": None, "c": [{"x": 2}]}, self.SCHEMA), [])
+
+    def test_rejects(self):
+        for bad in ({"a": 1}, {"a": True, "b": "s"}, {"a": 0, "b": "s"}, {"a": 1, "b": 3},
+                    {"a": 1, "b": "s", "z": 1}, {"a": 1, "b": "s", "c": [{"x": 3}]},
+                    {"a": 1, "b": "s", "c": [{}]}, []):
+            with self.subTest(bad=bad):
+                self.assertNotEqual(schema_errors(bad, self.SCHEMA), [])
+
+
+# ---------------------------------------------------------------- helpers
+def paths_of(items):
+    """Path strings from a list of strings or of objects with a `path` field."""
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            for key in ("path", "rel", "file", "name"):
+                if isinstance(item.get(key), str):
+                    out.append(item[key])
+                    break
+    return out
+
+
+def head_index(head):
+    if isinstance(head, dict):
+        return head.get("index")
+    return head
+
+
+def drift_ids(drifts):
+    out = []
+    for d in drifts:
+        if isinstance(d, str):
+            out.append(d)
+        else:
+            out.append(d.get("drift_id") or d.get("id"))
+    return out
+
+
+class ToolsTest(WorkspaceTest):
+    """One server per class (each test has its own workspace); more on demand."""
+
+    _schemas = None
+    shared = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.shared = None
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.shared is not None:
+            cls.shared.close()
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        cls = type(self)
+        if cls.shared is None or cls.shared.proc.poll() is not None:
+            cls.shared = Server(env=self.server_env)
+            cls.shared.initialize()
+        self.srv = cls.shared
+        if ToolsTest._schemas is None:
+            tools = self.srv.request("tools/list")["result"]["tools"]
+            ToolsTest._schemas = {t["name"]: t for t in tools}
+        self.schemas = ToolsTest._schemas
+
+    def ok(self, name, /, srv=None, **arguments):
+        """A successful call whose result matches the tool's outputSchema."""
+        res = (srv or self.srv).call(name, **arguments)
+        self.assertFalse(res.is_error, "%s%r failed: %s" % (name, arguments, res.text))
+        result = res.raw["result"]
+        self.assertIs(result.get("isError"), False)
+        self.assertEqual(result["content"][0]["type"], "text")
+        self.assertEqual(json.loads(res.text), res.data, "text and structuredContent differ")
+        errors = schema_errors(res.data, self.schemas[name]["outputSchema"])
+        self.assertEqual(errors, [], "%s result breaks its outputSchema" % name)
+        for field in CONTRACT_RESULTS[name]:
+            self.assertIn(field, res.data)
+        return res.data
+
+    def refused(self, name, /, srv=None, **arguments):
+        """A refused call: isError with a one-line message and no traceback."""
+        res = (srv or self.srv).call(name, **arguments)
+        self.assertTrue(res.is_error, "%s%r was accepted: %r" % (name, arguments, res.data))
+        self.assertTrue(res.text.strip())
+        self.assertNotIn("Traceback", res.text)
+        self.assertNotIn("\n", res.text.strip(), "message should be one line: %r" % res.text)
+        return res
+
+    def init(self, name="Refactor auth", **kwargs):
+        return self.ok("tc_init", root=self.root, name=name, **kwargs)
+
+    def save(self, title, **kwargs):
+        return self.ok("tc_save", root=self.root, title=title, **kwargs)
+
+    def task_dir(self, task_id, store=None):
+        return os.path.join(store or self.store, "tasks", task_id)
+
+    def step_files(self, task_id, store=None):
+        steps = os.path.join(self.task_dir(task_id, store), "steps")
+        return sorted(os.listdir(steps)) if os.path.isdir(steps) else []
+
+
+# ---------------------------------------------------------------- schemas
+class DeclaredSchemaTest(ToolsTest):
+    def test_input_schemas_declare_the_contract_arguments(self):
+        for name, (required, optional) in CONTRACT_ARGUMENTS.items():
+            with self.subTest(tool=name):
+                schema = self.schemas[name]["inputSchema"]
+                self.assertEqual(sorted(schema.get("required", [])), sorted(required))
+                # Arguments beyond the seed's (e.g. expected_head) may be added.
+                for argument in required + optional:
+                    self.assertIn(argument, schema["properties"])
+                self.assertIs(schema.get("additionalProperties"), False)
+
+    def test_output_schemas_require_the_contract_fields(self):
+        for name, fields in CONTRACT_RESULTS.items():
+            with self.subTest(tool=name):
+                schema = self.schemas[name]["outputSchema"]
+                self.assertEqual(schema.get("type"), "object")
+                for field in fields:
+                    self.assertIn(field, schema.get("properties", {}))
+                    self.assertIn(field, schema.get("required", []))
+
+    def test_numeric_limits_are_declared(self):
+        props = self.schemas["tc_show"]["inputSchema"]["properties"]
+        self.assertEqual((props["limit"].get("minimum"), props["limit"].get("maximum")), (1, 200))
+        self.assertEqual(props["index"].get("minimum"), 1)
+        self.assertEqual(props["cursor"].get("minimum"), 0)
+
+
+# ---------------------------------------------------------------- tc_init / tc_switch
+class InitSwitchTest(ToolsTest):
+    def test_init_creates_a_task_in_the_default_store(self):
+        self.write("src/a.py", "a = 1\n")
+        res = self.init(goal="Move sessions to JWT", constraints="keep the public API")
+        self.assertEqual(res["name"], "Refactor auth")
+        self.assertRegex(res["task_id"], PLAIN_ID)
+        self.assertIn("refactor", res["task_id"].lower())
+        self.assertEqual(os.path.realpath(res["store"]), self.store)
+        self.assertIs(res["store_is_external"], False)
+        self.assertIsNone(res["prev_suspended"])
+        self.assertEqual(res["exclude"], [])
+        self.assertIsInstance(res["note"], str)
+        self.assertTrue(os.path.isfile(os.path.join(self.task_dir(res["task_id"]), "state.json")))
+        self.assertTrue(os.path.isfile(os.path.join(self.store, "current.json")))
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".task-checkpoint-store.json")))
+
+    def test_second_init_suspends_the_first(self):
+        first = self.init(name="Task one", goal="goal one")
+        second = self.init(name="Task one", goal="goal two")
+        self.assertNotEqual(first["task_id"], second["task_id"])
+        self.assertEqual(second["prev_suspended"], first["task_id"])
+        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal two")
+        third = self.init(name="Task three", goal="goal three")
+        self.assertEqual(third["prev_suspended"], second["task_id"])
+
+    def test_exclude_is_echoed_and_applied(self):
+        res = self.init(exclude=["logs", "*.tmp"])
+        self.assertEqual(res["exclude"], ["logs", "*.tmp"])
+        self.write("src/a.py", "a = 1\n")
+        self.save("first")
+        self.write("logs/run.txt", "noise\n")
+        self.write("src/scratch.tmp", "noise\n")
+        self.write("src/new.py", "b = 2\n")
+        drift = paths_of(self.ok("tc_resume", root=self.root)["drift_paths"])
+        self.assertIn("src/new.py", drift)
+        self.assertFalse([p for p in drift if p.startswith("logs") or p.endswith(".tmp")], drift)
+
+    def test_exclude_pattern_with_slash_is_refused(self):
+        for pattern in ("config/database.yaml", "a/b", "/abs"):
+            with self.subTest(pattern=pattern):
+                before = tree_listing(self.tmp)
+                res = self.refused("tc_init", root=self.root, name="x", exclude=[pattern])
+                self.assertTrue(pattern in res.text or "exclude" in res.text, res.text)
+                self.assertEqual(tree_listing(self.tmp), before)
+
+    def test_switch_back_to_a_suspended_task(self):
+        first = self.init(name="alpha", goal="goal alpha")
+        self.init(name="beta", goal="goal beta")
+        res = self.ok("tc_switch", root=self.root, task_id=first["task_id"])
+        self.assertEqual(res, {"task_id": first["task_id"], "status": "open"})
+        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal alpha")
+
+    def test_switch_refuses_a_closed_task(self):
+        first = self.init(name="alpha")
+        self.save("only step", close=True)
+        self.init(name="beta", goal="goal beta")
+        before = tree_listing(self.store)
+        self.refused("tc_switch", root=self.root, task_id=first["task_id"])
+        self.assertEqual(tree_listing(self.store), before)
+        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal beta")
+
+    def test_switch_to_an_unknown_task(self):
+        self.init()
+        before = tree_listing(self.tmp)
+        self.refused("tc_switch", root=self.root, task_id="no-such-task-123456")
+        self.assertEqual(tree_listing(self.tmp), before)
+
+    def test_external_store(self):
+        ext = os.path.join(self.tmp, "ext-store")
+        res = self.init(store=ext)
+        self.assertEqual(os.path.realpath(res["store"]), ext)
+        self.assertIs(res["store_is_external"], True)
+        with open(os.path.join(self.root, ".task-checkpoint-store.json"), encoding="utf-8") as fh:
+            pointer = json.load(fh)
+        self.assertEqual(os.path.realpath(pointer["store"]), ext)
+        self.assertFalse(os.path.exists(self.store))
+        self.write("a.txt", "x\n")
+        saved = self.save("one")
+        self.assertEqual(self.step_files(res["task_id"], ext), ["s0001.json"])
+        # A new server process finds the store through the pointer.
+        other = self.server()
+        resumed = self.ok("tc_resume", srv=other, root=self.root)
+        self.assertEqual(head_index(resumed["head"]), saved["index"])
+        self.assertEqual(os.path.realpath(resumed["store"]), ext)
+
+    def test_store_equal_to_root_is_refused(self):
+        for store in (self.root, self.root + "/", os.path.join(self.root, "..", "ws")):
+            with self.subTest(store=store):
+                before = tree_listing(self.tmp)
+                self.refused("tc_init", root=self.root, name="x", store=store)
+                self.assertEqual(tree_listing(self.tmp), before)
+
+
+# ---------------------------------------------------------------- tc_save
+class SaveTest(ToolsTest):
+    def test_steps_are_numbered(self):
+        task = self.init()["task_id"]
+        self.write("src/a.py", "a = 1\n")
+        for n in (1, 2, 3):
+            self.write("src/a.py", "a = %d\n" % n)
+            res = self.save("step %d" % n, conclusion="c%d" % n, next="n%d" % n,
+                            description="d", verified=["ran it"], open_questions=["q?"])
+            self.assertEqual(res["index"], n)
+            self.assertEqual(res["task_id"], task)
+            self.assertEqual(res["title"], "step %d" % n)
+            self.assertIs(res["idempotent"], False)
+            self.assertIs(res["closed"], False)
+            self.assertIs(res["active_task_changed"], False)
+            self.assertEqual(res["status"], "open")
+            self.assertEqual(res["skipped_paths"], [])
+            for key in ("ok", "ref", "reason", "unchanged"):
+                self.assertIn(key, res["git"])
+        self.assertEqual(self.step_files(task), ["s0001.json", "s0002.json", "s0003.json"])
+        with open(os.path.join(self.task_dir(task), "steps", "s0002.json"), encoding="utf-8") as fh:
+            json.load(fh)
+
+    def test_repeat_save_is_idempotent(self):
+        task = self.init()["task_id"]
+        self.write("a.txt", "one\n")
+        args = dict(conclusion="works", next="do more", verified=["unit tests"])
+        first = self.save("same step", **args)
+        again = self.save("same step", **args)
+        self.assertEqual(again["index"], first["index"])
+        self.assertIs(again["idempotent"], True)
+        self.assertEqual(self.step_files(task), ["s0001.json"])
+        # A different conclusion, or a changed file, is a new step.
+        self.assertEqual(self.save("same step", conclusion="other", next="do more",
+                                   verified=["unit tests"])["index"], 2)
+        self.write("a.txt", "two\n")
+        res = self.save("same step", conclusion="other", next="do more", verified=["unit tests"])
+        self.assertEqual(res["index"], 3)
+        self.assertIs(res["idempotent"], False)
+
+    def test_close_then_saves_are_refused(self):
+        task = self.init(goal="finish")["task_id"]
+        self.write("a.txt", "x\n")
+        self.save("first")
+        res = self.save("last", conclusion="done", close=True)
+        self.assertEqual(res["index"], 2)
+        self.assertIs(res["closed"], True)
+        self.assertEqual(res["status"], "closed")
+        before = tree_listing(self.store)
+        self.refused("tc_save", root=self.root, title="after close")
+        self.refused("tc_save", root=self.root, title="after close", task_id=task)
+        self.write("a.txt", "changed\n")
+        self.refused("tc_save", root=self.root, title="after close", task_id=task)
+        listing = [p for p in tree_listing(self.store) if not p[0].endswith("server.log")]
+        self.assertEqual(listing, [p for p in before if not p[0].endswith("server.log")])
+        shown = self.ok("tc_show", root=self.root, task_id=task)
+        self.assertEqual(sorted(s["index"] for s in shown["steps"]), [1, 2])
+        resumed = self.ok("tc_resume", root=self.root, task_id=task)
+        self.assertEqual(resumed["goal"], "finish")
+        self.assertEqual(resumed["last"]["conclusion"], "done")
+
+    def test_paths_must_be_empty(self):
+        task = self.init()["task_id"]
+        self.write("a.txt", "x\n")
+        res = self.refused("tc_save", root=self.root, title="t", paths=["a.txt"])
+        self.assertIn("paths", res.text)
+        self.assertEqual(self.step_files(task), [])
+        self.assertEqual(self.save("t", paths=[])["index"], 1)
+
+    def test_save_to_another_task_makes_it_active(self):
+        a = self.init(name="alpha", goal="goal alpha")["task_id"]
+        b = self.init(name="beta", goal="goal beta")["task_id"]
+        self.write("a.txt", "x\n")
+        res = self.save("for alpha", task_id=a)
+        self.assertEqual(res["task_id"], a)
+        self.assertEqual(res["index"], 1)
+        self.assertIs(res["active_task_changed"], True)
+        self.assertEqual(self.step_files(a), ["s0001.json"])
+        self.assertEqual(self.step_files(b), [])
+        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal alpha")
+        again = self.save("alpha again", task_id=a)
+        self.assertIs(again["active_task_changed"], False)
+        # The old active task was suspended, not closed: it can be switched back to.
+        self.assertEqual(self.ok("tc_switch", root=self.root, task_id=b)["status"], "open")
+        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal beta")
+
+    def test_save_without_a_task_is_refused(self):
+        self.write("a.txt", "x\n")
+        self.refused("tc_save", root=self.root, title="orphan")
+
+    def test_skipped_paths_name_what_the_scan_passed_over(self):
+        self.init()
+        self.write("a.txt", "real\n")
+        os.symlink("a.txt", os.path.join(self.root, "link.txt"))
+        os.symlink("nowhere", os.path.join(self.root, "dangling"))
+        os.symlink(self.root, os.path.join(self.root, "loop"))
+        os.mkfifo(os.path.join(self.root, "pipe"))
+        with open(os.path.join(os.fsencode(self.root), b"bad\xffname.txt"), "wb") as fh:
+            fh.write(b"odd name\n")
+        res = self.save("with odd entries")
+        self.assertEqual(res["index"], 1)
+        skipped = paths_of(res["skipped_paths"])
+        for path in ("link.txt", "dangling", "loop", "pipe"):
+            self.assertIn(path, skipped)
+        self.assertTrue([p for p in skipped if p.startswith("bad") and p.endswith("name.txt")],
+                        skipped)
+        for item in res["skipped_paths"]:
+            self.assertTrue(isinstance(item, str) or item.get("reason"), item)
+        self.assertNotIn("a.txt", skipped)
+        resumed = self.ok("tc_resume", root=self.root)
+        self.assertIn("link.txt", paths_of(resumed["skipped"]))
+
+    def test_groups_report_missing_companions(self):
+        self.init()
+        self.write("model.p3d", "main")
+        self.write("model.p3dat", "data")
+        self.write("lone.p3d", "main only")
+        self.write("sub/deep.p3d", "nested")
+        res = self.save("models")
+
+        def group_for(name):
+            found = [g for g in res["groups"]
+                     if name in json.dumps(g, ensure_ascii=False)]
+            self.assertEqual(len(found), 1, "one group for %s in %r" % (name, res["groups"]))
+            return found[0]
+
+        self.assertEqual(group_for("lone.p3d")["status"], "missing")
+        self.assertNotEqual(group_for("model.p3d")["status"], "missing")
+        self.assertFalse([g for g in res["groups"] if "deep.p3d" in json.dumps(g)])
+        self.assertIs(res["closed"], False)
+        self.assertEqual(res["index"], 1)
+
+
+# ---------------------------------------------------------------- tc_show
+class ShowTest(ToolsTest):
+    def test_paging_with_cursor(self):
+        task = self.init()["task_id"]
+        self.write("a.txt", "x\n")
+        for n in range(1, 6):
+            self.save("step %d" % n)
+        seen, cursor, pages = [], None, 0
+        while True:
+            args = {"limit": 2}
+            if cursor is not None:
+                args["cursor"] = cursor
+            page = self.ok("tc_show", root=self.root, **args)
+            pages += 1
+            self.assertLessEqual(len(page["steps"]), 2)
+            seen += [s["index"] for s in page["steps"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+            self.assertIsInstance(cursor, int)
+            self.assertLess(pages, 10, "paging does not terminate")
+        self.assertEqual(pages, 3)
+        self.assertEqual(sorted(seen), [1, 2, 3, 4, 5])
+        full = self.ok("tc_show", root=self.root, task_id=task)
+        self.assertEqual(len(full["steps"]), 5)
+        self.assertIsNone(full["next_cursor"])
+        self.assertEqual(head_index(full["head"]), 5)
+        titles = {s["index"]: s["title"] for s in full["steps"]}
+        self.assertEqual(titles[4], "step 4")
+
+    def test_one_step_by_index(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        for n in range(1, 4):
+            self.save("step %d" % n, conclusion="conclusion %d" % n)
+        res = self.ok("tc_show", root=self.root, index=2)
+        self.assertEqual(len(res["steps"]), 1)
+        self.assertEqual(res["steps"][0]["index"], 2)
+        self.assertEqual(res["steps"][0]["title"], "step 2")
+        self.assertIn("conclusion 2", json.dumps(res["steps"][0]))
+        self.refused("tc_show", root=self.root, index=9)
+
+    def test_include_drift(self):
+        self.init()
+        self.write("a.txt", "one\n")
+        self.save("one")
+        self.write("a.txt", "two, longer\n")
+        self.save("two")
+        restored = self.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(self.read("a.txt"), b"one\n")
+        without = self.ok("tc_show", root=self.root)
+        self.assertEqual(without["drifts"], [])
+        with_drift = self.ok("tc_show", root=self.root, include_drift=True)
+        self.assertIn(restored["recovered"], drift_ids(with_drift["drifts"]))
+
+    def test_show_on_an_unknown_task(self):
+        self.init()
+        self.refused("tc_show", root=self.root, task_id="missing-000000")
+
+
+# ---------------------------------------------------------------- other tools
+class OtherToolsTest(ToolsTest):
+    def test_capture(self):
+        self.init()
+        self.write("a.txt", "one\n")
+        self.save("one")
+        self.write("a.txt", "two, longer\n")
+        self.write("b.txt", "new\n")
+        res = self.ok("tc_capture", root=self.root)
+        for key in ("captured", "waiting", "partial"):
+            self.assertIsInstance(res[key], bool)
+        self.assertIsInstance(res["reads"], int)
+        self.assertIsInstance(res["skipped_paths"], list)
+        if res["captured"]:
+            self.assertRegex(res["drift_id"], DRIFT_ID)
+            shown = self.ok("tc_show", root=self.root, include_drift=True)
+            self.assertIn(res["drift_id"], drift_ids(shown["drifts"]))
+        else:
+            self.assertIsNone(res["drift_id"])
+
+    def test_restore_preview_then_apply(self):
+        self.init()
+        self.write("a.txt", "one\n")
+        self.save("one")
+        self.write("a.txt", "two, longer\n")
+        self.write("b.txt", "added\n")
+        self.save("two")
+        before = tree_listing(self.tmp)
+        preview = self.ok("tc_restore", root=self.root, index=1)
+        self.assertIs(preview["applied"], False)
+        self.assertIsNone(preview["recovered"])
+        self.assertEqual(tree_listing(self.tmp), before)
+        plan = preview["plan"]
+        for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
+            self.assertIsInstance(plan[key], list)
+        self.assertIn("b.txt", paths_of(plan["to_delete"]))
+        self.assertIn("a.txt", paths_of(plan["to_replace"]) + paths_of(plan["to_write"]))
+        applied = self.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertIs(applied["applied"], True)
+        self.assertRegex(applied["recovered"], DRIFT_ID)
+        self.assertEqual(self.read("a.txt"), b"one\n")
+        self.assertFalse(os.path.exists(os.path.join(self.root, "b.txt")))
+
+    def test_export_and_import(self):
+        task = self.init(goal="hand it over")["task_id"]
+        self.write("src/a.py", "a = 1\n")
+        self.write(".env", "API_KEY=unique-secret-7731\n")
+        self.save("ready", conclusion="done", next="continue")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        res = self.ok("tc_export", root=self.root, to=out)
+        self.assertEqual(os.path.dirname(os.path.realpath(res["path"])), out)
+        self.assertEqual(os.path.basename(res["path"]), task + "-handoff")
+        self.assertTrue(os.path.isfile(os.path.join(res["path"], "HANDOFF.md")))
+        self.assertIn("src/a.py", paths_of(res["files"]))
+        self.assertIn(".env", paths_of(res["filtered"]))
+        self.assertNotIn(".env", paths_of(res["files"]))
+        for dirpath, _, filenames in os.walk(res["path"]):
+            for name in filenames:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    self.assertNotIn(b"unique-secret-7731", fh.read())
+        other_root = os.path.join(self.tmp, "ws2")
+        os.makedirs(other_root)
+        imported = self.ok("tc_import", root=other_root, package=res["path"])
+        self.assertRegex(imported["task_id"], PLAIN_ID)
+        resumed = self.ok("tc_resume", root=other_root)
+        self.assertEqual(resumed["goal"], "hand it over")
+
+    def test_compress(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        self.save("one")
+        res = self.ok("tc_compress", root=self.root)
+        self.assertEqual((res["keep_seconds"], res["minimum"], res["maximum"]), (604800, 20, 50))
+        self.assertEqual(res["converted"], 0)
+        res = self.ok("tc_compress", root=self.root, keep_seconds=0, minimum=1, maximum=5)
+        self.assertEqual((res["keep_seconds"], res["minimum"], res["maximum"]), (0, 1, 5))
+        for key in ("converted", "eligible", "already_gone", "bytes_freed"):
+            self.assertIsInstance(res[key], int)
+
+
+# ---------------------------------------------------------------- tc_resume
+class ResumeTest(ToolsTest):
+    def prepare(self):
+        task = self.init(name="Refactor auth", goal="Move sessions to JWT",
+                         constraints="keep the public API")["task_id"]
+        self.write("src/a.py", "a = 1\n")
+        self.write("src/b.py", "b = 1\n")
+        self.write("src/gone.py", "gone = 1\n")
+        self.save("Split the module", conclusion="it splits", next="write the service")
+        self.save("Wrote the service layer", conclusion="service works",
+                  description="because reasons", next="Switch the three views",
+                  open_questions=["keep the old endpoint?"])
+        self.write("src/a.py", "a = 2  # edited after the save\n")
+        self.write("src/new_file.py", "n = 1\n")
+        os.remove(os.path.join(self.root, "src", "gone.py"))
+        return task
+
+    def test_resume_fields_and_handoff(self):
+        task = self.prepare()
+        res = self.ok("tc_resume", root=self.root)
+        self.assertEqual(res["goal"], "Move sessions to JWT")
+        self.assertIn("keep the public API", json.dumps(res["constraints"]))
+        self.assertEqual(head_index(res["head"]), 2)
+        self.assertEqual(res["last"]["title"], "Wrote the service layer")
+        self.assertEqual(res["last"]["conclusion"], "service works")
+        self.assertEqual(res["last"]["description"], "because reasons")
+        self.assertEqual(res["last"]["next"], "Switch the three views")
+        self.assertEqual(res["next"], "Switch the three views")
+        self.assertIn("keep the old endpoint?", json.dumps(res["open_questions"]))
+        drift = paths_of(res["drift_paths"])
+        for path in ("src/a.py", "src/new_file.py", "src/gone.py"):
+            self.assertIn(path, drift)
+        self.assertNotIn("src/b.py", drift)
+        self.assertEqual(res["health"], {"ok": True, "errors": []})
+        self.assertEqual(os.path.realpath(res["store"]), self.store)
+        self.assertIn(task, json.dumps(res["active_task"]))
+        handoff = res["handoff"]
+        for text in ("Refactor auth", "Move sessions to JWT", "2", "Switch the three views",
+                     "src/a.py", "src/new_file.py"):
+            self.assertIn(text, handoff)
+        self.assertEqual(res, self.ok("tc_resume", root=self.root, task_id=task))
+
+    def test_resume_before_any_step(self):
+        task = self.init(name="Fresh task", goal="Get started")["task_id"]
+        res = self.ok("tc_resume", root=self.root)
+        self.assertEqual(res["goal"], "Get started")
+        self.assertEqual(head_index(res["head"]), 0)
+        self.assertEqual(res["active_task"], task)
+        self.assertIn("Fresh task", res["handoff"])
+        self.assertIn("Get started", res["handoff"])
+        self.assertIs(res["health"]["ok"], True)
+
+    def test_resume_writes_nothing(self):
+        self.prepare()
+        before_store = [p for p in tree_listing(self.store) if p[0] != "server.log"]
+        before_root = tree_listing(self.root)
+        self.ok("tc_resume", root=self.root)
+        self.ok("tc_resume", srv=self.server(), root=self.root)
+        self.assertEqual([p for p in tree_listing(self.store) if p[0] != "server.log"],
+                         before_store)
+        self.assertEqual([p for p in tree_listing(self.root) if not p[0].startswith(".checkpoints")],
+                         [p for p in before_root if not p[0].startswith(".checkpoints")])
+
+    def test_leftover_temp_file_is_reported(self):
+        task = self.prepare()
+        leftover = os.path.join(self.task_dir(task), TEMP_NAME)
+        with open(leftover, "w") as fh:
+            fh.write("{half")
+        res = self.ok("tc_resume", root=self.root)
+        self.assertIs(res["health"]["ok"], False)
+        self.assertTrue(any(TEMP_NAME in e for e in map(str, res["health"]["errors"])),
+                        res["health"])
+        self.assertTrue(os.path.exists(leftover), "resume must not clean up (it is read-only)")
+
+    def test_unparsable_state_is_reported(self):
+        task = self.prepare()
+        state = os.path.join(self.task_dir(task), "state.json")
+        with open(state, "w") as fh:
+            fh.write("{this is not json")
+        before = tree_listing(self.store)
+        res = self.ok("tc_resume", root=self.root)
+        self.assertIs(res["health"]["ok"], False)
+        self.assertTrue(any("state.json" in e for e in map(str, res["health"]["errors"])),
+                        res["health"])
+        self.assertEqual([p for p in tree_listing(self.store) if p[0] != "server.log"],
+                         [p for p in before if p[0] != "server.log"])
+
+
+# A file name the atomic writer's temp files would have.
+TEMP_NAME = ".tmp-k3j9x1.part"
+
+
+# ---------------------------------------------------------------- refusals
+class ValidationTest(ToolsTest):
+    def tool_calls(self, root):
+        out = os.path.join(self.tmp, "out")
+        return [
+            ("tc_init", dict(root=root, name="x")),
+            ("tc_switch", dict(root=root, task_id="some-task-1")),
+            ("tc_save", dict(root=root, title="t")),
+            ("tc_capture", dict(root=root)),
+            ("tc_show", dict(root=root)),
+            ("tc_restore", dict(root=root, index=1)),
+            ("tc_resume", dict(root=root)),
+            ("tc_export", dict(root=root, to=out)),
+            ("tc_import", dict(root=root, package=os.path.join(out, "x-handoff"))),
+            ("tc_compress", dict(root=root)),
+        ]
+
+    def test_bad_roots_are_refused_and_nothing_is_created(self):
+        cwd = os.path.join(self.tmp, "cwd")
+        os.makedirs(cwd)
+        os.makedirs(os.path.join(cwd, "ws"))
+        os.makedirs(os.path.join(self.tmp, "out"))
+        with open(os.path.join(self.tmp, "file.txt"), "w") as fh:
+            fh.write("plain file\n")
+        srv = self.server(cwd=cwd)
+        tmpdir = tempfile.gettempdir()
+        markers = [os.path.join(d, n) for d in ("/", tmpdir)
+                   for n in (".checkpoints", ".task-checkpoint-store.json")]
+        existing = {m for m in markers if os.path.exists(m)}
+        bad_roots = ["ws", "./ws", "", os.path.join(self.tmp, "missing"),
+                     os.path.join(self.tmp, "file.txt"), "/"]
+        before = tree_listing(self.tmp)
+        for root in bad_roots:
+            for name, args in self.tool_calls(root):
+                with self.subTest(root=root, tool=name):
+                    self.refused(name, srv=srv, **args)
+        self.assertEqual(tree_listing(self.tmp), before)
+        self.assertEqual({m for m in markers if os.path.exists(m)}, existing)
+
+    def test_tools_without_a_task_create_nothing(self):
+        self.write("a.txt", "x\n")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        before = tree_listing(self.tmp)
+        for name, args in self.tool_calls(self.root):
+            if name != "tc_init":
+                with self.subTest(tool=name):
+                    self.refused(name, **args)
+        self.assertEqual(tree_listing(self.tmp), before)
+
+    def call_raw(self, name, arguments):
+        return self.srv.request("tools/call", {"name": name, "arguments": arguments})
+
+    def test_unpaired_surrogates_are_argument_errors(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        cases = [("tc_init", "name", {"root": self.root, "name": "bad \ud800 name"}),
+                 ("tc_init", "goal", {"root": self.root, "name": "n", "goal": "\udcff"}),
+                 ("tc_init", "exclude", {"root": self.root, "name": "n", "exclude": ["\udcff"]}),
+                 ("tc_save", "title", {"root": self.root, "title": "half \ud83d emoji"}),
+                 ("tc_save", "verified", {"root": self.root, "title": "t",
+                                          "verified": ["\udcff"]})]
+        for name, argument, arguments in cases:
+            with self.subTest(tool=name, argument=argument):
+                reply = self.call_raw(name, arguments)
+                self.assertIn("result", reply, reply)
+                self.assertTrue(reply["result"]["isError"], reply)
+                self.assertIn(argument, reply["result"]["content"][0]["text"])
+
+    def test_failed_init_leaves_the_active_task_as_it_was(self):
+        first = self.init(name="first", goal="first goal")["task_id"]
+        self.write("a.txt", "x\n")
+        self.save("one")
+        before = [p for p in tree_listing(self.store) if p[0] != "server.log"]
+        reply = self.call_raw("tc_init", {"root": self.root, "name": "second \ud800"})
+        self.assertTrue("error" in reply or reply["result"]["isError"], reply)
+        self.assertEqual([p for p in tree_listing(self.store) if p[0] != "server.log"], before,
+                         "a failed tc_init changed the store")
+        resumed = self.ok("tc_resume", root=self.root)
+        self.assertEqual(resumed["active_task"], first)
+        self.assertEqual(resumed.get("status", "open"), "open")
+        self.write("a.txt", "y\n")
+        self.assertEqual(self.save("two")["status"], "open")
+
+    def test_bad_task_ids_are_refused_before_touching_disk(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        self.save("one")
+        before = tree_listing(self.tmp)
+        for bad in ("../x", "a/b", "", "..", ".", "a\\b", "/abs", "x\x00y", "tasks/../x"):
+            with self.subTest(task_id=bad):
+                self.refused("tc_switch", root=self.root, task_id=bad)
+                self.refused("tc_save", root=self.root, title="t", task_id=bad)
+                self.refused("tc_show", root=self.root, task_id=bad)
+                self.refused("tc_resume", root=self.root, task_id=bad)
+        after = tree_listing(self.tmp)
+        strip = lambda listing: [p for p in listing if not p[0].endswith("server.log")]
+        self.assertEqual(strip(after), strip(before))
+
+
+if __name__ == "__main__":
+    unittest.main()
