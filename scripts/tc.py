@@ -2149,22 +2149,22 @@ class Checkpoints:
         ws = self._workspace(root, task_id)
         with ws.store.lock:
             self._need_writable(ws)
+            if ws.records.read_state()["status"] == "closed":
+                raise TaskClosed("task %r is closed; it stays readable, start a new one with "
+                                 "tc_init" % ws.task_id)
             changed = self._activate(ws)
             state = ws.state = ws.records.read_state()
-            if state["status"] == "closed":
-                raise TaskClosed("task %r is closed; start a new one with tc_init" % ws.task_id)
             result = self._commit_step(ws, state, title.strip(), description or "",
                                        conclusion or "", next or "", list(verified or ()),
                                        list(open_questions or ()), bool(close))
+            # Inside the lock, so concurrent saves chain their refs in step order.
+            step = result.pop("_step", None)
+            result["git"] = (self._git_ref(ws, step) if step is not None
+                             else self.git.skipped("no new step"))
         result["active_task_changed"] = changed
         self._watch(ws.root, ws.store)
         if self.watcher:
             self.watcher.reset(ws.root)
-        step = result.pop("_step", None)
-        if step is None:
-            result["git"] = self.git.skipped("no new step")
-        else:
-            result["git"] = self._git_ref(ws, step)
         return result
 
     def _activate(self, ws):
@@ -2240,8 +2240,7 @@ class Checkpoints:
                 message="checkpoint %s s%04d: %s" % (ws.task_id, index, title))
         except Exception as exc:  # git never fails a save
             self.log("git ref failed: %s" % traceback.format_exc())
-            return {"ok": False, "ref": None, "reason": "git failed", "unchanged": None,
-                    "error": str(exc)}
+            return self.git.skipped("git failed", error=str(exc))
 
     # -- tc_show ------------------------------------------------------------
 

@@ -1,0 +1,455 @@
+"""Git refs for saved steps, through a real server and real repositories.
+
+Each new step becomes `refs/checkpoints/<task_id>/sNNNN`, a commit whose tree
+is the step's workspace content. These tests read what was written with
+plain git (`ls-tree`, `cat-file`, `rev-list`, `fsck`) and check that the
+user's side of the repository (HEAD, branches, index, status, stash) is the
+same before and after every save.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+import unittest
+
+import support
+from support import WorkspaceTest, git, make_git_repo, snapshot, write
+
+SECRET_MARKERS = (b"env-secret-7f3a9c", b"cloud-credential-51d2e8", b"private-key-90b4aa")
+# Names the tool always leaves out of a scan, and sensitive names: never in a tree.
+NEVER_IN_TREE = (".git", "node_modules/", ".env", "config/prod_credentials.json", "keys/id_rsa")
+REAL_GIT = shutil.which("git")
+QUIET = {"GIT_OPTIONAL_LOCKS": "0"}  # our own `git status` must not touch the index
+
+
+def ref_of(task_id, index):
+    return "refs/checkpoints/%s/s%04d" % (task_id, index)
+
+
+def tree_files(repo, ref):
+    """{path: (bytes, git mode)} of every blob in the commit's tree."""
+    listing = git(repo, "ls-tree", "-r", "-z", "--full-tree", ref)
+    rows = []
+    for item in listing.split(b"\0"):
+        if item:
+            meta, path = item.split(b"\t", 1)
+            mode, kind, oid = meta.decode().split()
+            rows.append((path.decode(), mode, kind, oid))
+    data = git(repo, "cat-file", "--batch",
+               input="".join(oid + "\n" for _, _, _, oid in rows).encode())
+    out = {}
+    for path, mode, kind, oid in rows:
+        header, data = data.split(b"\n", 1)
+        size = int(header.split()[2])
+        out[path] = (data[:size], mode, kind)
+        data = data[size + 1:]
+    return out
+
+
+def expected_tree(root, drop=NEVER_IN_TREE):
+    """The workspace's files as a tree should hold them: bytes and git mode."""
+    out = {}
+    for rel, (data, mode) in snapshot(root).items():
+        if any(rel == d or (d.endswith("/") and rel.startswith(d)) for d in drop):
+            continue
+        out[rel] = (data, "100755" if mode & stat.S_IXUSR else "100644", "blob")
+    return out
+
+
+def user_state(repo):
+    """Everything of the user's that a save must leave exactly as it was."""
+    head = git(repo, "rev-parse", "-q", "--verify", "HEAD", check=False)
+    branch = git(repo, "symbolic-ref", "-q", "HEAD", check=False)
+    refs = [line for line in git(repo, "for-each-ref", "--format=%(objectname) %(refname)")
+            .splitlines() if b" refs/checkpoints/" not in line]
+    index_path = git(repo, "rev-parse", "--git-path", "index").decode().strip()
+    index_path = os.path.join(repo, index_path)
+    index_bytes = None
+    if os.path.exists(index_path):
+        with open(index_path, "rb") as fh:
+            index_bytes = fh.read()
+    return {
+        "head": head, "branch": branch, "refs": refs,
+        "ls-files": git(repo, "ls-files", "-s", "-z"),
+        "status": git(repo, "status", "--porcelain", "-z", env=QUIET),
+        "stash": git(repo, "stash", "list"),
+        "index-file": index_bytes,
+    }
+
+
+def checkpoint_refs(repo):
+    out = git(repo, "for-each-ref", "--format=%(refname)", "refs/checkpoints/")
+    return out.decode().split()
+
+
+class GitCase(WorkspaceTest):
+    server_env = {"TC_GIT": "on"}
+
+    def start(self, root=None, env=None, name="git steps"):
+        srv = self.server(env=env)
+        task = srv.ok("tc_init", root=root or self.root, name=name)["task_id"]
+        return srv, task
+
+    def assertTreeMatches(self, repo, ref, expected):
+        got = tree_files(repo, ref)
+        self.assertEqual(sorted(got), sorted(expected), "paths in %s" % ref)
+        for path, want in expected.items():
+            self.assertEqual(got[path], want, "%s in %s" % (path, ref))
+
+    def make_spy_git(self):
+        """A `git` first on PATH that logs each call, then runs the real git.
+
+        Calls are logged one per line; the stdin of hash-object is appended
+        to a second file, so a test can see which paths were hashed.
+        """
+        spy_dir = os.path.join(self.tmp, "spy-bin")
+        self.spy_log = os.path.join(self.tmp, "git-calls.log")
+        self.spy_hashed = os.path.join(self.tmp, "git-hashed.log")
+        script = (
+            "#!/bin/sh\n"
+            "printf '%%s\\n' \"$*\" >> '%(log)s'\n"
+            "case \" $* \" in *\" hash-object \"*)\n"
+            "  tmp=$(mktemp); cat > \"$tmp\"; cat \"$tmp\" >> '%(hashed)s'\n"
+            "  exec '%(git)s' \"$@\" < \"$tmp\";;\n"
+            "esac\n"
+            "exec '%(git)s' \"$@\"\n"
+        ) % {"log": self.spy_log, "hashed": self.spy_hashed, "git": REAL_GIT}
+        write(spy_dir, "git", script, mode=0o755)
+        return {"PATH": spy_dir + os.pathsep + os.environ.get("PATH", "")}
+
+    def spy_calls(self):
+        if not os.path.exists(self.spy_log):
+            return []
+        with open(self.spy_log, encoding="utf-8") as fh:
+            return fh.read().splitlines()
+
+    def spy_hashed_lines(self):
+        if not os.path.exists(self.spy_hashed):
+            return []
+        with open(self.spy_hashed, encoding="utf-8") as fh:
+            return fh.read().splitlines()
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class StepRefsTest(GitCase):
+    """Three saves in a repository with every kind of user state."""
+
+    def prepare_repository(self):
+        make_git_repo(self.root)
+        self.write(".gitignore", "debug.log\n")
+        self.write("src/app.py", "print('v1')\n")
+        git(self.root, "add", ".gitignore", "src/app.py")
+        git(self.root, "commit", "-q", "-m", "base")
+        git(self.root, "branch", "feature")
+        self.write("README.txt", "stashed edit\n")
+        git(self.root, "stash", "-q")
+        self.write("src/app.py", "print('v2 staged')\n")
+        git(self.root, "add", "src/app.py")
+        self.write("README.txt", "hello\nunstaged edit\n")
+        self.write("notes/todo.md", "untracked\n")
+        self.write("debug.log", "ignored by git\n")
+        self.write("tools/run.sh", "#!/bin/sh\necho run\n", mode=0o755)
+        self.write(".env", b"TOKEN=" + SECRET_MARKERS[0] + b"\n")
+        self.write("config/prod_credentials.json", b'{"k": "%s"}' % SECRET_MARKERS[1])
+        self.write("keys/id_rsa", SECRET_MARKERS[2])
+        self.write("node_modules/pkg/index.js", "module.exports = 1;\n")
+
+    def change_workspace(self, step):
+        if step == 2:
+            self.write("notes/todo.md", "untracked, edited\n")
+            self.write("src/new_module.py", "x = 2\n")
+            self.write("assets/blob.bin", bytes(range(256)) * 8)
+        elif step == 3:
+            os.remove(os.path.join(self.root, "debug.log"))
+            os.chmod(os.path.join(self.root, "notes/todo.md"), 0o755)
+            self.write(".env", b"TOKEN=" + SECRET_MARKERS[0] + b"-rotated\n")
+
+    def test_three_saves_make_three_refs_and_leave_the_user_repo_alone(self):
+        self.prepare_repository()
+        srv, task = self.start()
+        expected = {}
+        for step in (1, 2, 3):
+            self.change_workspace(step)
+            expected[step] = expected_tree(self.root)
+            before = user_state(self.root)
+            result = srv.ok("tc_save", root=self.root, title="step %d" % step,
+                            conclusion="done %d" % step, next="go on")
+            self.assertEqual(user_state(self.root), before, "user repository after step %d" % step)
+            self.assertEqual(result["index"], step)
+            self.assertEqual(result["git"]["ok"], True, result["git"])
+            self.assertEqual(result["git"]["ref"], ref_of(task, step))
+            self.assertIsNone(result["git"]["reason"])
+            self.assertIs(result["git"]["unchanged"], True)
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, i) for i in (1, 2, 3)])
+        for step in (1, 2, 3):
+            self.assertTreeMatches(self.root, ref_of(task, step), expected[step])
+        self.check_history(task)
+        self.check_no_secret_in_objects()
+        fsck = subprocess.run([REAL_GIT, "fsck", "--no-dangling"], cwd=self.root,
+                              env=support.clean_env(), capture_output=True)
+        self.assertEqual(fsck.returncode, 0, fsck.stderr)
+        self.check_sharing_with_plain_git(task)
+
+    def check_history(self, task):
+        commits = [git(self.root, "rev-parse", ref_of(task, i)).decode().strip() for i in (1, 2, 3)]
+        walked = git(self.root, "rev-list", ref_of(task, 3)).decode().split()
+        self.assertEqual(walked, commits[::-1], "git log walks the task's steps")
+        author = git(self.root, "log", "--format=%an <%ae>|%cn <%ce>|%B", ref_of(task, 3))
+        self.assertIn(b"step 3", author)
+        identities = {line.split(b"|")[0] for line in
+                      git(self.root, "log", "--format=%an <%ae>|%cn <%ce>", ref_of(task, 3)).splitlines()}
+        self.assertEqual(len(identities), 1, identities)
+        self.assertNotIn(b"Test", identities.pop(), "the user's identity is not used")
+
+    def check_no_secret_in_objects(self):
+        everything = git(self.root, "cat-file", "--batch-all-objects", "--batch")
+        for marker in SECRET_MARKERS:
+            self.assertNotIn(marker, everything)
+
+    def check_sharing_with_plain_git(self, task):
+        remote = os.path.join(self.tmp, "remote.git")
+        git(self.tmp, "init", "-q", "--bare", remote)
+        git(self.root, "push", "-q", remote, "refs/checkpoints/*:refs/checkpoints/*")
+        self.assertEqual(checkpoint_refs(remote), [ref_of(task, i) for i in (1, 2, 3)])
+        self.assertEqual(git(remote, "cat-file", "blob", ref_of(task, 2) + ":src/new_module.py"),
+                         b"x = 2\n")
+        diff = git(self.root, "diff", "--name-only", ref_of(task, 2), ref_of(task, 3))
+        self.assertEqual(diff.split(), [b"debug.log", b"notes/todo.md"])
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class RepositoryShapesTest(GitCase):
+    """Empty repository, subdirectory workspace, `.git` file (worktree)."""
+
+    def test_repository_without_any_commit(self):
+        make_git_repo(self.root, commit=False)
+        self.write("first.txt", "first\n")
+        self.write("bin/tool", "#!/bin/sh\n", mode=0o755)
+        srv, task = self.start()
+        before = user_state(self.root)
+        result = srv.ok("tc_save", root=self.root, title="first")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertIs(result["git"]["unchanged"], True)
+        self.assertEqual(user_state(self.root), before)
+        self.assertEqual(before["head"], b"", "HEAD is still unborn")
+        self.assertTreeMatches(self.root, ref_of(task, 1), expected_tree(self.root))
+        self.assertEqual(git(self.root, "rev-list", "--all").split(),
+                         [git(self.root, "rev-parse", ref_of(task, 1)).strip()])
+
+    def test_workspace_in_a_subdirectory_is_the_tree_root(self):
+        repo = os.path.join(self.tmp, "repo")
+        os.makedirs(repo)
+        make_git_repo(repo)
+        workspace = os.path.join(repo, "packages", "app")
+        write(workspace, "main.py", "print('app')\n")
+        write(workspace, "lib/util.py", "U = 1\n")
+        git(repo, "add", "packages")
+        git(repo, "commit", "-q", "-m", "app")
+        write(workspace, "lib/util.py", "U = 2\n")
+        srv, task = self.start(root=workspace)
+        before = user_state(repo)
+        result = srv.ok("tc_save", root=workspace, title="edit util")
+        self.assertEqual(user_state(repo), before)
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertEqual(checkpoint_refs(repo), [ref_of(task, 1)])
+        self.assertTreeMatches(repo, ref_of(task, 1), expected_tree(workspace))
+        self.assertIs(result["git"]["unchanged"], True)
+
+    def test_worktree_with_a_git_file(self):
+        repo = os.path.join(self.tmp, "repo")
+        os.makedirs(repo)
+        make_git_repo(repo)
+        git(repo, "worktree", "add", "-q", "-b", "side", self.root)
+        self.assertTrue(os.path.isfile(os.path.join(self.root, ".git")))
+        self.write("side.txt", "side work\n")
+        srv, task = self.start()
+        before = user_state(self.root), user_state(repo)
+        result = srv.ok("tc_save", root=self.root, title="side")
+        self.assertEqual((user_state(self.root), user_state(repo)), before)
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertIs(result["git"]["unchanged"], True)
+        self.assertEqual(checkpoint_refs(repo), [ref_of(task, 1)], "refs are shared by worktrees")
+        self.assertTreeMatches(repo, ref_of(task, 1), expected_tree(self.root))
+
+    def test_not_a_repository(self):
+        self.write("a.txt", "plain\n")
+        srv, _task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="plain")
+        self.assertEqual(result["git"]["ok"], False)
+        self.assertEqual(result["git"]["reason"], "not a git repo")
+        self.assertIsNone(result["git"]["ref"])
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".git")))
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class RefusalsAndFailuresTest(GitCase):
+    """No ref is overwritten, and git trouble never fails or undoes a save."""
+
+    def test_existing_ref_is_never_overwritten(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, task = self.start()
+        head = git(self.root, "rev-parse", "HEAD").strip()
+        git(self.root, "update-ref", ref_of(task, 1), head.decode())
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["index"], 1)
+        self.assertEqual(result["git"]["ok"], False)
+        self.assertEqual(result["git"]["reason"], "ref exists")
+        self.assertEqual(git(self.root, "rev-parse", ref_of(task, 1)).strip(), head)
+        shown = srv.ok("tc_show", root=self.root)
+        self.assertEqual([s.get("title") for s in shown["steps"]], ["one"])
+        self.write("a.txt", "b\n")
+        second = srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(second["git"]["ref"], ref_of(task, 2), second["git"])
+
+    def test_idempotent_save_and_close_make_no_ref(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, task = self.start()
+        first = srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        again = srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        self.assertTrue(again["idempotent"])
+        self.assertEqual(again["git"]["ok"], False)
+        self.assertEqual(again["git"]["reason"], "no new step")
+        self.assertEqual(checkpoint_refs(self.root), [first["git"]["ref"]])
+        closed = srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n",
+                        close=True)
+        self.assertTrue(closed["closed"])
+        self.assertEqual(closed["git"]["reason"], "no new step")
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, 1)])
+
+    def test_locked_ref_is_reported_and_the_save_stands(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, task = self.start()
+        lock = os.path.join(self.root, ".git", *ref_of(task, 1).split("/")) + ".lock"
+        os.makedirs(os.path.dirname(lock))
+        open(lock, "w").close()
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["index"], 1)
+        self.assertEqual(result["git"]["ok"], False)
+        self.assertIn("lock", result["git"].get("error", ""))
+        self.assertEqual(checkpoint_refs(self.root), [])
+        os.remove(lock)
+        self.write("a.txt", "b\n")
+        second = srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(second["git"]["ref"], ref_of(task, 2), second["git"])
+        self.assertEqual(git(self.root, "cat-file", "blob", ref_of(task, 2) + ":a.txt"), b"b\n")
+
+    def test_git_missing_from_path_degrades_to_a_reason(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        empty_bin = os.path.join(self.tmp, "empty-bin")
+        os.makedirs(empty_bin)
+        srv, _task = self.start(env={"PATH": empty_bin})
+        result = srv.call("tc_save", root=self.root, title="one")
+        self.assertFalse(result.is_error, result.text)
+        self.assertEqual(result["index"], 1)
+        self.assertEqual(result["git"]["ok"], False)
+        self.assertIsNone(result["git"]["ref"])
+        self.assertTrue(result["git"]["reason"], result["git"])
+        self.assertEqual(checkpoint_refs(self.root), [])
+
+    def test_big_file_is_not_in_the_tree(self):
+        make_git_repo(self.root)
+        self.write("small.txt", "small\n")
+        with open(os.path.join(self.root, "huge.img"), "wb") as fh:
+            fh.truncate(100 * 1024 * 1024 + 1)
+        srv, task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="big")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertNotIn("huge.img", tree_files(self.root, ref_of(task, 1)))
+        self.assertIn("small.txt", tree_files(self.root, ref_of(task, 1)))
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class GitEnvironmentTest(GitCase):
+    """TC_GIT, TC_GIT_VERIFY and the git environment of the server."""
+
+    @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+    def test_tc_git_off_starts_no_git_process(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, _task = self.start(env=dict(self.make_spy_git(), TC_GIT="off"))
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "b\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(result["git"]["ok"], False)
+        self.assertEqual(result["git"]["reason"], "TC_GIT=off")
+        self.assertIsNone(result["git"]["ref"])
+        self.assertIsNone(result["git"]["unchanged"])
+        self.assertEqual(self.spy_calls(), [])
+        self.assertEqual(checkpoint_refs(self.root), [])
+
+    @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+    def test_git_work_per_save_is_constant_and_never_rehashes(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, _task = self.start(env=self.make_spy_git())
+        srv.ok("tc_save", root=self.root, title="one")
+        counts, hashed = [], []
+        for step, new_files in ((2, 1), (3, 60)):
+            for i in range(new_files):
+                self.write("s%d/f%03d.txt" % (step, i), "content %d %d\n" % (step, i))
+            calls, lines = len(self.spy_calls()), len(self.spy_hashed_lines())
+            result = srv.ok("tc_save", root=self.root, title="step %d" % step)
+            self.assertEqual(result["git"]["ok"], True, result["git"])
+            counts.append(len(self.spy_calls()) - calls)
+            hashed.append(self.spy_hashed_lines()[lines:])
+        self.assertEqual(counts[0], counts[1], "git processes per save must not grow with files")
+        self.assertLessEqual(len(hashed[1]), 60, "only new content is hashed")
+        self.assertEqual(set(hashed[0]) & set(hashed[1]), set())
+
+    @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+    def test_verify_off_reports_null_and_skips_the_fingerprint(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, task = self.start(env=dict(self.make_spy_git(), TC_GIT_VERIFY="off"))
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertEqual(result["git"]["ref"], ref_of(task, 1))
+        self.assertIsNone(result["git"]["unchanged"])
+        words = " ".join(self.spy_calls()).split()
+        self.assertNotIn("status", words)
+        self.assertNotIn("stash", words)
+
+    def test_server_git_environment_does_not_redirect_writes(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        make_git_repo(other)
+        foreign_index = os.path.join(self.tmp, "foreign-index")
+        home = os.path.join(self.tmp, "home")
+        os.makedirs(home)
+        env = {"GIT_DIR": os.path.join(other, ".git"), "GIT_WORK_TREE": other,
+               "GIT_INDEX_FILE": foreign_index, "HOME": home, "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_OBJECT_DIRECTORY": os.path.join(other, ".git", "objects")}
+        srv, task = self.start(env=env)
+        before = user_state(self.root), user_state(other)
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, 1)])
+        self.assertEqual(checkpoint_refs(other), [])
+        self.assertFalse(os.path.exists(foreign_index))
+        self.assertEqual((user_state(self.root), user_state(other)), before)
+        self.assertEqual(git(self.root, "cat-file", "blob", ref_of(task, 1) + ":a.txt"), b"a\n")
+
+    def test_user_hooks_do_not_run(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        marker = os.path.join(self.tmp, "hook-ran")
+        hooks = os.path.join(self.root, ".git", "hooks")
+        for name in ("reference-transaction", "post-commit", "pre-commit"):
+            write(hooks, name, "#!/bin/sh\necho %s >> '%s'\n" % (name, marker), mode=0o755)
+        srv, task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertFalse(os.path.exists(marker), "a user hook ran")
+        git(self.root, "update-ref", "refs/heads/probe", "HEAD")
+        self.assertTrue(os.path.exists(marker), "the hook is live for plain git")
+
+
+if __name__ == "__main__":
+    unittest.main()
