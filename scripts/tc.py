@@ -2067,15 +2067,19 @@ class Checkpoints:
         ws = Workspace(root, st)
         with st.lock:
             self._need_writable(ws)
-            active = st.read_current()
-            prev = active.get(root)
-            prev_suspended = self._suspend(st, prev)
             task_id = self._new_task_id(st, name)
             ws.task_id = task_id
             ws.state = make_state(task_id=task_id, name=name.strip(), goal=goal or "",
                                   constraints=constraints or "", root=root, exclude=exclude)
-            baseline = self._baseline(ws)
-            ws.records.write_state(ws.state)
+            try:
+                baseline = self._baseline(ws)
+                ws.records.write_state(ws.state)
+            except BaseException:
+                shutil.rmtree(ws.records.directory, ignore_errors=True)
+                raise
+            # The new task is complete: only now is the previous one suspended.
+            active = st.read_current()
+            prev_suspended = self._suspend(st, active.get(root))
             active[root] = task_id
             st.write_current(active)
             if external:

@@ -280,6 +280,10 @@ def check_value(name, value, schema):
         if "maximum" in schema and value > schema["maximum"]:
             return "argument %r must be <= %d, got %d" % (name, schema["maximum"], value)
     if expected == "string":
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "argument %r contains an unpaired surrogate (not valid Unicode text)" % name
         if len(value) < schema.get("minLength", 0):
             return "argument %r must not be empty" % name
         if len(value) > schema.get("maxLength", TEXT_LIMIT):
@@ -568,12 +572,16 @@ def error_response(msg_id, code, message):
 
 
 def encode(message):
+    """One UTF-8 line; text that UTF-8 cannot carry (lone surrogates) is escaped."""
     try:
         text = json.dumps(message, ensure_ascii=False)
+        return text.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(message).encode("ascii") + b"\n"
     except (TypeError, ValueError, RecursionError):
         text = json.dumps(error_response(message.get("id"), INTERNAL_ERROR,
                                          "result could not be encoded"))
-    return text.encode("utf-8", "replace") + b"\n"
+        return text.encode("utf-8") + b"\n"
 
 
 def serve(instream, outstream, checkpoints=None, log=None):

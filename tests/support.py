@@ -140,12 +140,14 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for stream in (self.proc.stdout,):
+        for stream in (self.proc.stdout, self.proc.stdin):
             try:
                 stream.close()
             except OSError:
                 pass
         self._err_thread.join(timeout=5)
+        if not self._err_thread.is_alive():
+            self.proc.stderr.close()
 
     def kill(self):
         """SIGKILL, no chance to clean up."""

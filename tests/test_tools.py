@@ -337,6 +337,46 @@ class InitSwitchTest(ToolsTest):
         self.assertEqual(head_index(resumed["head"]), saved["index"])
         self.assertEqual(os.path.realpath(resumed["store"]), ext)
 
+    def test_store_from_the_environment(self):
+        env_store = os.path.join(self.tmp, "env-store")
+        srv = self.server(env={"TC_STORE": env_store})
+        res = self.ok("tc_init", srv=srv, root=self.root, name="env")
+        self.assertEqual(os.path.realpath(res["store"]), env_store)
+        self.assertIs(res["store_is_external"], True)
+        self.assertTrue(os.path.isdir(os.path.join(env_store, "tasks", res["task_id"])))
+        self.assertFalse(os.path.exists(self.store))
+
+    def test_relative_store_is_refused(self):
+        cwd = os.path.join(self.tmp, "cwd")
+        os.makedirs(cwd)
+        before = tree_listing(self.tmp)
+        self.refused("tc_init", root=self.root, name="x", store="rel-store")
+        srv = self.server(env={"TC_STORE": "rel-store"}, cwd=cwd)
+        self.refused("tc_init", srv=srv, root=self.root, name="x")
+        self.assertEqual(tree_listing(self.tmp), before)
+
+    def test_workspaces_sharing_a_store_stay_apart(self):
+        shared = os.path.join(self.tmp, "shared-store")
+        other = os.path.join(self.tmp, "ws2")
+        os.makedirs(other)
+        self.write("one.txt", "1\n")
+        with open(os.path.join(other, "two.txt"), "w") as fh:
+            fh.write("2\n")
+        a = self.init(name="A", goal="goal A", store=shared)["task_id"]
+        self.save("a1")
+        b = self.ok("tc_init", root=other, name="B", goal="goal B", store=shared)["task_id"]
+        self.assertNotEqual(a, b)
+        # A new task here suspends this workspace's task, never the other's.
+        self.assertEqual(self.init(name="A2", store=shared)["prev_suspended"], a)
+        self.ok("tc_switch", root=self.root, task_id=a)
+        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal A")
+        self.assertEqual(self.ok("tc_resume", root=other)["goal"], "goal B")
+        before = [p for p in tree_listing(shared) if p[0] != "server.log"]
+        self.refused("tc_switch", root=other, task_id=a)
+        self.refused("tc_save", root=other, title="wrong place", task_id=a)
+        self.assertEqual([p for p in tree_listing(shared) if p[0] != "server.log"], before)
+        self.assertEqual(self.ok("tc_resume", root=other)["active_task"], b)
+
     def test_store_equal_to_root_is_refused(self):
         for store in (self.root, self.root + "/", os.path.join(self.root, "..", "ws")):
             with self.subTest(store=store):
@@ -405,6 +445,16 @@ class SaveTest(ToolsTest):
         resumed = self.ok("tc_resume", root=self.root, task_id=task)
         self.assertEqual(resumed["goal"], "finish")
         self.assertEqual(resumed["last"]["conclusion"], "done")
+
+    def test_close_on_a_repeated_save_still_closes(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        self.save("final", conclusion="done")
+        res = self.save("final", conclusion="done", close=True)
+        self.assertEqual(res["index"], 1)
+        self.assertIs(res["closed"], True)
+        self.assertEqual(res["status"], "closed")
+        self.refused("tc_save", root=self.root, title="more")
 
     def test_paths_must_be_empty(self):
         task = self.init()["task_id"]
@@ -507,6 +557,18 @@ class ShowTest(ToolsTest):
         self.assertEqual(head_index(full["head"]), 5)
         titles = {s["index"]: s["title"] for s in full["steps"]}
         self.assertEqual(titles[4], "step 4")
+
+    def test_cursor_past_the_end(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        self.save("one")
+        self.save("two")
+        res = self.ok("tc_show", root=self.root, cursor=50)
+        self.assertEqual(res["steps"], [])
+        self.assertIsNone(res["next_cursor"])
+        self.assertEqual(head_index(res["head"]), 2)
+        res = self.ok("tc_show", root=self.root, limit=200)
+        self.assertEqual(len(res["steps"]), 2)
 
     def test_one_step_by_index(self):
         self.init()
@@ -656,9 +718,10 @@ class ResumeTest(ToolsTest):
         self.assertEqual(os.path.realpath(res["store"]), self.store)
         self.assertIn(task, json.dumps(res["active_task"]))
         handoff = res["handoff"]
-        for text in ("Refactor auth", "Move sessions to JWT", "2", "Switch the three views",
+        for text in ("Refactor auth", "Move sessions to JWT", "Switch the three views",
                      "src/a.py", "src/new_file.py"):
             self.assertIn(text, handoff)
+        self.assertRegex(handoff, r"(?<![0-9])2(?![0-9])", "the current step number")
         self.assertEqual(res, self.ok("tc_resume", root=self.root, task_id=task))
 
     def test_resume_before_any_step(self):
@@ -671,16 +734,26 @@ class ResumeTest(ToolsTest):
         self.assertIn("Get started", res["handoff"])
         self.assertIs(res["health"]["ok"], True)
 
+    def fingerprint(self):
+        """Every path under the workspace (store included) with size and mtime."""
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for name in dirnames + filenames:
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, self.root)
+                if rel == os.path.join(".checkpoints", "server.log"):
+                    continue
+                st = os.lstat(full)
+                out.append((rel, st.st_size if not os.path.isdir(full) else -1, st.st_mtime_ns))
+        return sorted(out)
+
     def test_resume_writes_nothing(self):
-        self.prepare()
-        before_store = [p for p in tree_listing(self.store) if p[0] != "server.log"]
-        before_root = tree_listing(self.root)
+        task = self.prepare()
+        before = self.fingerprint()
         self.ok("tc_resume", root=self.root)
+        self.ok("tc_resume", root=self.root, task_id=task)
         self.ok("tc_resume", srv=self.server(), root=self.root)
-        self.assertEqual([p for p in tree_listing(self.store) if p[0] != "server.log"],
-                         before_store)
-        self.assertEqual([p for p in tree_listing(self.root) if not p[0].startswith(".checkpoints")],
-                         [p for p in before_root if not p[0].startswith(".checkpoints")])
+        self.assertEqual(self.fingerprint(), before)
 
     def test_leftover_temp_file_is_reported(self):
         task = self.prepare()
