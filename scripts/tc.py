@@ -1864,6 +1864,21 @@ class Checkpoints:
                 pass
 
     def start_watcher(self):
+        """Start the watcher thread (unless TC_WATCH=off).
+
+        With TC_STORE set, the workspaces whose tasks are active in that store
+        are watched from the start, so a restarted server keeps recording
+        before its first tool call.
+        """
+        if self.config.watch and self.config.store and os.path.isdir(self.config.store):
+            store = self._store(self.config.store)
+            try:
+                roots = store.read_current()
+            except (StoreCorrupt, OSError):
+                roots = {}
+            for root in roots:
+                if isinstance(root, str) and os.path.isdir(root):
+                    self._watch(root, store)
         if self.config.watch and self.watcher is None:
             self.watcher = Watcher(self, interval=self.config.watch_interval,
                                    max_wait=self.config.drift_max_wait, log=self.log)

@@ -1,0 +1,407 @@
+"""The drift layer through the real server: the watcher, tc_capture, restore
+by drift id, and tc_compress.
+
+The watcher tests run with a one-second interval and a three-second quiet
+period ceiling, and poll for what they expect instead of sleeping a fixed time.
+"""
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import unittest
+
+from support import WorkspaceTest, snapshot, tree_listing
+
+WATCH_ON = {"TC_WATCH": "on", "TC_WATCH_INTERVAL": "1", "TC_DRIFT_MAX_WAIT": "3"}
+WATCH_OFF = {"TC_WATCH": "off", "TC_WATCH_INTERVAL": "1", "TC_DRIFT_MAX_WAIT": "3"}
+DRIFT_ID = re.compile(r"^d\d{4,}$")
+CAPTURE_FIELDS = {"captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"}
+COMPRESS_FIELDS = {"converted", "eligible", "already_gone", "bytes_freed",
+                   "keep_seconds", "minimum", "maximum"}
+
+
+def wait_for(predicate, timeout, interval=0.2):
+    """Call predicate until it returns something true or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def drift_key(record):
+    for key in ("id", "drift_id"):
+        if key in record:
+            return record[key]
+    raise AssertionError("drift record without an id: %r" % (record,))
+
+
+def drift_paths(record, kind):
+    """The sorted paths a drift record lists as added, modified or deleted."""
+    if kind in record:
+        value = record[kind]
+    elif isinstance(record.get("changes"), dict) and kind in record["changes"]:
+        value = record["changes"][kind]
+    else:
+        raise AssertionError("drift record has no %r list: %r" % (kind, record))
+    return sorted(e if isinstance(e, str) else e["path"] for e in value)
+
+
+def entry_paths(entries):
+    """Paths out of a list of plain strings or {path: ...} objects."""
+    return {e if isinstance(e, str) else e.get("path") for e in entries}
+
+
+def all_drifts(srv, root):
+    shown = srv.ok("tc_show", root=root, include_drift=True, limit=200)
+    return shown["drifts"]
+
+
+def find_drift(srv, root, drift_id):
+    for record in all_drifts(srv, root):
+        if drift_key(record) == drift_id:
+            return record
+    raise AssertionError("drift %s not listed by tc_show include_drift" % drift_id)
+
+
+def binary_blob(seed, size):
+    """Deterministic bytes covering every byte value."""
+    out = bytearray(range(256))
+    state = seed
+    while len(out) < size:
+        state = (state * 1103515245 + 12345) & 0x7FFFFFFF
+        out += state.to_bytes(4, "little")
+    return bytes(out[:size])
+
+
+class WatcherTest(WorkspaceTest):
+    """The background thread records changes nobody told the server about."""
+
+    def start_task(self, env):
+        srv = self.server(env=env)
+        self.write("a.txt", "first version\n")
+        self.write("b.txt", "to be deleted\n")
+        self.write("sub/keep.txt", "unchanged\n")
+        init = srv.ok("tc_init", root=self.root, name="watched", goal="watch files")
+        srv.ok("tc_save", root=self.root, title="baseline", conclusion="c", next="n")
+        return srv, init["task_id"]
+
+    def test_plain_file_writes_become_a_drift_record(self):
+        srv, _ = self.start_task(WATCH_ON)
+        known = {drift_key(d) for d in all_drifts(srv, self.root)}
+        # Plain writes, no tool call at all.
+        with open(os.path.join(self.root, "a.txt"), "wb") as fh:
+            fh.write(b"second version, longer\n")
+        with open(os.path.join(self.root, "new.txt"), "wb") as fh:
+            fh.write(b"fresh\n")
+        os.remove(os.path.join(self.root, "b.txt"))
+
+        def seen():
+            new = [d for d in all_drifts(srv, self.root) if drift_key(d) not in known]
+            changes = {k: set() for k in ("added", "modified", "deleted")}
+            for record in new:
+                for kind in changes:
+                    changes[kind].update(drift_paths(record, kind))
+            if ("new.txt" in changes["added"] and "a.txt" in changes["modified"]
+                    and "b.txt" in changes["deleted"]):
+                return new, changes
+            return None
+
+        found = wait_for(seen, 8)
+        self.assertTrue(found, "no drift record for plain edits within 8 s: %r"
+                        % all_drifts(srv, self.root))
+        new, changes = found
+        for record in new:
+            self.assertTrue(DRIFT_ID.match(drift_key(record)), record)
+            self.assertNotIn("sub/keep.txt", drift_paths(record, "modified"))
+        self.assertEqual(changes["added"], {"new.txt"})
+        self.assertEqual(changes["modified"], {"a.txt"})
+        self.assertEqual(changes["deleted"], {"b.txt"})
+
+    def test_file_written_continuously_yields_partial_record(self):
+        srv, _ = self.start_task(WATCH_ON)
+        known = {drift_key(d) for d in all_drifts(srv, self.root)}
+        path = os.path.join(self.root, "grow.log")
+        stop = threading.Event()
+
+        def writer():
+            end = time.monotonic() + 6.5
+            n = 0
+            while not stop.is_set() and time.monotonic() < end:
+                with open(path, "ab") as fh:
+                    fh.write(b"line %d\n" % n)
+                n += 1
+                stop.wait(0.3)
+
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        try:
+            def partial_record():
+                for record in all_drifts(srv, self.root):
+                    if drift_key(record) not in known and record.get("partial") is True:
+                        return record
+                return None
+            record = wait_for(partial_record, 8, interval=0.25)
+        finally:
+            stop.set()
+            thread.join()
+        self.assertTrue(record, "no partial drift record while a file kept changing: %r"
+                        % all_drifts(srv, self.root))
+        self.assertIn("grow.log", drift_paths(record, "added") + drift_paths(record, "modified"))
+
+    def test_watch_off_records_nothing_without_a_call(self):
+        srv, _ = self.start_task(WATCH_OFF)
+        before = all_drifts(srv, self.root)
+        self.write("a.txt", "edited while nobody watches\n")
+        time.sleep(3.0)  # three ticks of the interval the watcher would use
+        self.assertEqual(all_drifts(srv, self.root), before)
+        # The change was there to be seen: an explicit capture records it.
+        cap = srv.ok("tc_capture", root=self.root)
+        self.assertTrue(cap["captured"], cap)
+        self.assertEqual(drift_paths(find_drift(srv, self.root, cap["drift_id"]), "modified"),
+                         ["a.txt"])
+
+    def test_failing_tick_is_logged_once_and_server_survives(self):
+        srv, task_id = self.start_task(WATCH_ON)
+        drifts_dir = os.path.join(self.store, "tasks", task_id, "drifts")
+        if os.path.isdir(drifts_dir):
+            shutil.rmtree(drifts_dir)
+        with open(drifts_dir, "wb") as fh:
+            fh.write(b"not a directory\n")
+        log_path = os.path.join(self.store, "server.log")
+
+        def log_lines():
+            text = srv.stderr
+            if os.path.exists(log_path):
+                with open(log_path, "rb") as fh:
+                    text += "\n" + fh.read().decode("utf-8", "replace")
+            return [line for line in text.splitlines() if line.strip()]
+
+        baseline = len(log_lines())
+        self.write("a.txt", "edited, but the store cannot take a drift\n")
+        problem = re.compile(r"error|fail|errno|not a directory|exists|exception|cannot", re.I)
+
+        def first_failure():
+            new = [line for line in log_lines()[baseline:] if problem.search(line)]
+            return new[0] if new else None
+
+        line = wait_for(first_failure, 8)
+        self.assertTrue(line, "no failure logged for a watcher tick that cannot write; log:\n%s"
+                        % "\n".join(log_lines()))
+        time.sleep(0.5)  # let a multi-line report finish
+        settled = len(log_lines())
+        time.sleep(4.2)  # about four more ticks that fail the same way
+        reply = srv.request("ping")
+        self.assertEqual(reply.get("result"), {}, reply)
+        self.assertIsNone(srv.proc.poll(), "server died")
+        names = [t["name"] for t in srv.request("tools/list")["result"]["tools"]]
+        self.assertIn("tc_capture", names)
+        lines = log_lines()
+        signature = re.sub(r"[\d:.,-]+", "#", line)
+        repeats = [x for x in lines if re.sub(r"[\d:.,-]+", "#", x) == signature]
+        self.assertEqual(len(repeats), 1, "failure logged %d times:\n%s"
+                         % (len(repeats), "\n".join(lines)))
+        again = [x for x in lines[settled:] if problem.search(x)]
+        self.assertEqual(again, [], "failure logged again on later ticks:\n%s" % "\n".join(lines))
+
+
+class CaptureTest(WorkspaceTest):
+    """tc_capture, the drift attached by tc_save, and drift id validation."""
+
+    def setUp(self):
+        super().setUp()
+        self.srv = self.server(env=WATCH_OFF)
+        self.write("a.txt", "alpha\n")
+        self.write("b.txt", "beta\n")
+        self.write("c/d.txt", "delta\n")
+        self.task_id = self.srv.ok("tc_init", root=self.root, name="cap", goal="g")["task_id"]
+        self.srv.ok("tc_save", root=self.root, title="baseline", conclusion="c", next="n")
+
+    def test_capture_reports_added_modified_deleted(self):
+        nothing = self.srv.ok("tc_capture", root=self.root)
+        self.assertEqual(set(nothing) & CAPTURE_FIELDS, CAPTURE_FIELDS, nothing)
+        self.assertFalse(nothing["captured"], nothing)
+        self.assertIsNone(nothing["drift_id"], nothing)
+
+        self.write("a.txt", "alpha, changed\n")
+        os.remove(os.path.join(self.root, "b.txt"))
+        self.write("e/new.txt", "new file\n")
+        os.symlink("a.txt", os.path.join(self.root, "link"))
+        cap = self.srv.ok("tc_capture", root=self.root)
+        self.assertEqual(set(cap) & CAPTURE_FIELDS, CAPTURE_FIELDS, cap)
+        self.assertIs(cap["captured"], True, cap)
+        self.assertIs(cap["waiting"], False, cap)
+        self.assertIs(cap["partial"], False, cap)
+        self.assertTrue(DRIFT_ID.match(cap["drift_id"] or ""), cap)
+        self.assertIsInstance(cap["reads"], int)
+        self.assertGreaterEqual(cap["reads"], 2, cap)  # a.txt and e/new.txt at least
+        self.assertIsInstance(cap["skipped_paths"], list)
+        self.assertIn("link", json.dumps(cap["skipped_paths"]), cap)
+
+        record = find_drift(self.srv, self.root, cap["drift_id"])
+        self.assertEqual(drift_paths(record, "added"), ["e/new.txt"])
+        self.assertEqual(drift_paths(record, "modified"), ["a.txt"])
+        self.assertEqual(drift_paths(record, "deleted"), ["b.txt"])
+
+        again = self.srv.ok("tc_capture", root=self.root)
+        self.assertFalse(again["captured"], again)
+        self.assertIsNone(again["drift_id"], again)
+
+    def test_save_attaches_unrecorded_changes_as_a_drift_first(self):
+        before = {drift_key(d) for d in all_drifts(self.srv, self.root)}
+        self.write("a.txt", "alpha, edited before the save\n")
+        self.write("c/new.txt", "added\n")
+        saved = self.srv.ok("tc_save", root=self.root, title="second", conclusion="c2", next="n2")
+        self.assertEqual(saved["index"], 2)
+        new = [d for d in all_drifts(self.srv, self.root) if drift_key(d) not in before]
+        self.assertEqual(len(new), 1, new)
+        self.assertEqual(drift_paths(new[0], "modified"), ["a.txt"])
+        self.assertEqual(drift_paths(new[0], "added"), ["c/new.txt"])
+        # Nothing new on disk: the next save attaches no drift.
+        count = len(all_drifts(self.srv, self.root))
+        self.srv.ok("tc_save", root=self.root, title="third", conclusion="c3", next="n3")
+        self.assertEqual(len(all_drifts(self.srv, self.root)), count)
+
+    def test_malformed_and_unknown_drift_ids_are_refused(self):
+        self.write("a.txt", "unsaved edit\n")
+        before = snapshot(self.root)
+        listing = tree_listing(self.root)
+        drifts_before = all_drifts(self.srv, self.root)
+        for bad in ("x1", "d12a", "../d0001", "d0001/../d0002", ""):
+            for apply in (False, True):
+                res = self.srv.call("tc_restore", root=self.root, drift_id=bad, apply=apply)
+                self.assertTrue(res.is_error, (bad, res))
+                self.assertNotIn("Traceback", res.text)
+        res = self.srv.call("tc_restore", root=self.root, drift_id="d9999", apply=True)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("d9999", res.text)
+        self.assertEqual(len(res.text.strip().splitlines()), 1, res.text)
+        self.assertEqual(snapshot(self.root), before)
+        self.assertEqual([p for p in tree_listing(self.root) if not p[0].startswith(".checkpoints")],
+                         [p for p in listing if not p[0].startswith(".checkpoints")])
+        self.assertEqual(all_drifts(self.srv, self.root), drifts_before)
+
+
+class DriftRestoreTest(WorkspaceTest):
+
+    def test_restore_to_drift_and_undo_are_byte_exact(self):
+        srv = self.server(env=WATCH_OFF)
+        self.write("a.txt", "one\r\ntwo\n")
+        self.write("bin.dat", binary_blob(1, 70000))
+        self.write("sub/c.txt", "c\n")
+        self.write("run.sh", "#!/bin/sh\necho hi\n", mode=0o755)
+        srv.ok("tc_init", root=self.root, name="drift-restore", goal="g")
+        srv.ok("tc_save", root=self.root, title="s1", conclusion="c", next="n")
+
+        self.write("a.txt", "one\r\ntwo\nthree\n")
+        self.write("bin.dat", binary_blob(2, 65000))
+        self.write("sub/new.txt", "")
+        state2 = snapshot(self.root)
+        drift = srv.ok("tc_capture", root=self.root)["drift_id"]
+        self.assertTrue(DRIFT_ID.match(drift or ""), drift)
+
+        self.write("a.txt", "completely different\n")
+        os.remove(os.path.join(self.root, "sub", "c.txt"))
+        self.write("extra.txt", "only in the latest state\n")
+        self.write("bin.dat", binary_blob(3, 80000))
+        state3 = snapshot(self.root)
+
+        preview = srv.ok("tc_restore", root=self.root, drift_id=drift, apply=False)
+        self.assertIs(preview["applied"], False)
+        self.assertEqual(snapshot(self.root), state3, "preview touched the workspace")
+        plan = preview["plan"]
+        for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
+            self.assertIn(key, plan)
+        self.assertIn("extra.txt", entry_paths(plan["to_delete"]))
+        self.assertIn("sub/c.txt", entry_paths(plan["to_write"]))
+        self.assertTrue({"a.txt", "bin.dat"} <= entry_paths(plan["to_replace"]), plan)
+        self.assertNotIn("run.sh", entry_paths(plan["to_replace"]) | entry_paths(plan["to_write"]))
+
+        done = srv.ok("tc_restore", root=self.root, drift_id=drift, apply=True)
+        self.assertIs(done["applied"], True)
+        self.assertEqual(snapshot(self.root), state2)
+        recovered = done["recovered"]
+        self.assertTrue(DRIFT_ID.match(recovered or ""), done)
+        self.assertNotEqual(recovered, drift)
+
+        undo = srv.ok("tc_restore", root=self.root, drift_id=recovered, apply=True)
+        self.assertIs(undo["applied"], True)
+        self.assertEqual(snapshot(self.root), state3)
+
+
+class CompressTest(WorkspaceTest):
+
+    def test_compress_on_fresh_store_returns_zeros_and_echoes_arguments(self):
+        srv = self.server(env=WATCH_OFF)
+        self.write("a.txt", "a\n")
+        srv.ok("tc_init", root=self.root, name="fresh", goal="g")
+        res = srv.ok("tc_compress", root=self.root)
+        self.assertEqual(set(res) & COMPRESS_FIELDS, COMPRESS_FIELDS, res)
+        for key in ("converted", "eligible", "already_gone", "bytes_freed"):
+            self.assertEqual(res[key], 0, res)
+        self.assertEqual((res["keep_seconds"], res["minimum"], res["maximum"]), (604800, 20, 50))
+        res = srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=3, maximum=7)
+        for key in ("converted", "eligible", "already_gone", "bytes_freed"):
+            self.assertEqual(res[key], 0, res)
+        self.assertEqual((res["keep_seconds"], res["minimum"], res["maximum"]), (0, 3, 7))
+
+    def test_compress_frees_drift_payloads_but_keeps_steps_and_recovered(self):
+        srv = self.server(env=WATCH_OFF)
+        self.write("a.bin", binary_blob(10, 40000))
+        self.write("keep.txt", "stays\n")
+        srv.ok("tc_init", root=self.root, name="compress", goal="g")
+        srv.ok("tc_save", root=self.root, title="s1", conclusion="c", next="n")
+        state1 = snapshot(self.root)
+
+        drifts = []
+        for seed in (11, 12, 13):  # three drift-only versions of a.bin
+            self.write("a.bin", binary_blob(seed, 40000 + seed))
+            drifts.append(srv.ok("tc_capture", root=self.root)["drift_id"])
+        self.write("a.bin", binary_blob(14, 50000))
+        srv.ok("tc_save", root=self.root, title="s2", conclusion="c", next="n")
+        state2 = snapshot(self.root)
+
+        self.write("a.bin", binary_blob(15, 45000))  # an unsaved edit, only in recovered
+        self.write("scratch.txt", "unsaved\n")
+        unsaved = snapshot(self.root)
+        recovered = srv.ok("tc_restore", root=self.root, index=1, apply=True)["recovered"]
+        self.assertEqual(snapshot(self.root), state1)
+
+        time.sleep(1.1)  # every drift is now strictly older than keep_seconds=0
+        res = srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
+        self.assertEqual(set(res) & COMPRESS_FIELDS, COMPRESS_FIELDS, res)
+        self.assertGreater(res["bytes_freed"], 0, res)
+        self.assertGreater(res["converted"], 0, res)
+        self.assertEqual((res["keep_seconds"], res["minimum"], res["maximum"]), (0, 0, 50))
+
+        for index, expected in ((2, state2), (1, state1)):
+            srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            self.assertEqual(snapshot(self.root), expected, "step %d after compress" % index)
+        srv.ok("tc_restore", root=self.root, drift_id=recovered, apply=True)
+        self.assertEqual(snapshot(self.root), unsaved, "recovered record after compress")
+
+        # The first drift held a version nothing else references: it is gone.
+        before = snapshot(self.root)
+        listing = tree_listing(self.root)
+        count = len(all_drifts(srv, self.root))
+        for apply in (False, True):
+            res = srv.call("tc_restore", root=self.root, drift_id=drifts[0], apply=apply)
+            self.assertTrue(res.is_error, res)
+            self.assertEqual(len(res.text.strip().splitlines()), 1, res.text)
+            self.assertRegex(res.text, r"(?i)%s|compress|reclaim" % drifts[0])
+        self.assertEqual(snapshot(self.root), before)
+        self.assertEqual([p for p in tree_listing(self.root) if not p[0].startswith(".checkpoints")],
+                         [p for p in listing if not p[0].startswith(".checkpoints")])
+        self.assertEqual(len(all_drifts(srv, self.root)), count, "refused restore wrote a record")
+
+        again = srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
+        self.assertEqual(again["bytes_freed"], 0, again)
+        self.assertEqual(again["converted"], 0, again)
+
+
+if __name__ == "__main__":
+    unittest.main()

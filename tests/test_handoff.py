@@ -1,0 +1,743 @@
+"""Handoff packages (tc_export / tc_import) and external stores, through the
+real server.
+
+A package is a directory `<task_id>-handoff/` with HANDOFF.md, a
+machine-readable description (a JSON file at the top of the package) and the
+files of the step. Crafted-package tests edit a copy of a real export.
+"""
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+import unittest
+
+from support import Server, WorkspaceTest, snapshot, tree_listing
+
+NOISE = ("server.log",)
+
+
+def entry_paths(entries):
+    """Paths out of a list of plain strings or {path: ...} objects."""
+    return {e if isinstance(e, str) else e.get("path") for e in entries}
+
+
+def workspace_state(root):
+    """Every workspace file with bytes and mode, the store left out."""
+    return snapshot(root, skip=(".checkpoints", ".git"))
+
+
+def store_state(store):
+    """A store's files with their bytes, plus its task directories.
+
+    The log and lock files are left out: a refused call may log, and the lock
+    file may be created by the first locked call.
+    """
+    if not os.path.isdir(store):
+        return None
+    files = {k: v[0] for k, v in snapshot(store, skip=()).items()
+             if os.path.basename(k) not in NOISE and "lock" not in os.path.basename(k)}
+    tasks = os.path.join(store, "tasks")
+    return files, sorted(os.listdir(tasks)) if os.path.isdir(tasks) else []
+
+
+def hashed_state(root):
+    """{path: (sha256, mode)}: cheap to compare and to print."""
+    return {k: (hashlib.sha256(v[0]).hexdigest()[:16], v[1])
+            for k, v in workspace_state(root).items()}
+
+
+def file_bytes(root):
+    return {k: v[0] for k, v in workspace_state(root).items()}
+
+
+def package_files(package):
+    """Relative paths of every entry under a package (symlinks included)."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(package):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            out.add(os.path.relpath(os.path.join(dirpath, name), package).replace(os.sep, "/"))
+    return out
+
+
+def description_path(package):
+    """The machine-readable description: the one JSON file at the package top."""
+    names = sorted(n for n in os.listdir(package)
+                   if n.endswith(".json") and os.path.isfile(os.path.join(package, n)))
+    if len(names) != 1:
+        raise AssertionError("expected one description JSON at the top of %s, found %r"
+                             % (package, os.listdir(package)))
+    return os.path.join(package, names[0])
+
+
+def load_description(package):
+    with open(description_path(package), "rb") as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
+def save_description(package, data):
+    with open(description_path(package), "wb") as fh:
+        fh.write(json.dumps(data, indent=2).encode("utf-8"))
+
+
+def file_entry_lists(data):
+    """Every list of {path: ...} objects anywhere in the description."""
+    found = []
+
+    def walk(value):
+        if isinstance(value, list):
+            if value and all(isinstance(e, dict) and "path" in e for e in value):
+                found.append(value)
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    walk(data)
+    return found
+
+
+def replace_strings(value, old, new):
+    if isinstance(value, str):
+        return new if value == old else value
+    if isinstance(value, list):
+        return [replace_strings(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: replace_strings(v, old, new) for k, v in value.items()}
+    return value
+
+
+def content_copy(package, rel):
+    """Where inside the package the content of workspace path rel is kept."""
+    skip = {"HANDOFF.md", os.path.basename(description_path(package))}
+    matches = [p for p in package_files(package)
+               if p not in skip and (p == rel or p.endswith("/" + rel))]
+    if len(matches) != 1:
+        raise AssertionError("cannot find the copy of %r in package: %r"
+                             % (rel, sorted(package_files(package))))
+    return os.path.join(package, *matches[0].split("/"))
+
+
+class HandoffBase(WorkspaceTest):
+
+    server_env = {"TC_WATCH": "off"}
+
+    def other_dir(self, prefix="tc-other-"):
+        """A separate temporary directory, as on another machine."""
+        path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
+    def make_source(self, srv, root=None):
+        """Source files and a task with one step; returns (task_id, {path: bytes})."""
+        return self.make_source_in(srv, root or self.root)
+
+    @staticmethod
+    def make_source_in(srv, root):
+        files = {
+            "README.md": b"# project\n",
+            "src/app.py": b"print('hello')\r\n",
+            "src/data.bin": bytes(range(256)) * 40,
+            "docs/empty.txt": b"",
+            "run.sh": b"#!/bin/sh\necho run\n",
+        }
+        for rel, data in files.items():
+            path = os.path.join(root, *rel.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(data)
+        os.chmod(os.path.join(root, "run.sh"), 0o755)
+        init = srv.ok("tc_init", root=root, name="Port the parser",
+                      goal="parser goal 4c1e", constraints="no new dependencies")
+        srv.ok("tc_save", root=root, title="parser skeleton", conclusion="skeleton works",
+               next="wire the CLI 9b7d", open_questions=["which flag name?"])
+        return init["task_id"], files
+
+    def export(self, srv, root=None, **extra):
+        out = self.other_dir("tc-out-")
+        res = srv.ok("tc_export", root=root or self.root, to=out, **extra)
+        return res
+
+
+class ExportImportTest(HandoffBase):
+
+    def test_round_trip_reproduces_step_and_resumes(self):
+        src = self.server()
+        self.write(".env", "SECRET=hunter2-xyz\n")
+        self.write("deploy/prod_credentials.json", '{"password": "hunter2-xyz"}')
+        self.write("keys/id_rsa", "-----BEGIN hunter2-xyz-----\n")
+        task_id, files = self.make_source(src)
+        sensitive = {".env", "deploy/prod_credentials.json", "keys/id_rsa"}
+        out = self.other_dir("tc-out-")
+        res = src.ok("tc_export", root=self.root, to=out)
+        package = os.path.join(out, task_id + "-handoff")
+        self.assertEqual(res["path"], package)
+        self.assertTrue(os.path.isdir(package))
+        self.assertEqual(entry_paths(res["files"]), set(files))
+        self.assertTrue(sensitive <= entry_paths(res["filtered"]), res["filtered"])
+        for rel in package_files(package):
+            self.assertNotIn(os.path.basename(rel), {".env", "prod_credentials.json", "id_rsa"})
+            path = os.path.join(package, rel)
+            if os.path.isfile(path):
+                with open(path, "rb") as fh:
+                    self.assertNotIn(b"hunter2-xyz", fh.read(), rel)
+
+        with open(os.path.join(package, "HANDOFF.md"), encoding="utf-8") as fh:
+            handoff = fh.read()
+        for text in ("Port the parser", "parser goal 4c1e", "wire the CLI 9b7d"):
+            self.assertIn(text, handoff)
+        load_description(package)  # parses
+
+        target = os.path.join(self.other_dir(), "ws")
+        os.makedirs(target)
+        dst = self.server(cwd=os.path.dirname(target))
+        imported = dst.ok("tc_import", root=target, package=package)
+        self.assertEqual(imported["task_id"], task_id)
+        self.assertEqual(file_bytes(target), files)
+        self.assertTrue(os.stat(os.path.join(target, "run.sh")).st_mode & 0o100,
+                        "executable bit lost on import")
+
+        here = src.ok("tc_resume", root=self.root)
+        there = dst.ok("tc_resume", root=target)
+        for key in ("goal", "head", "next"):
+            self.assertEqual(there[key], here[key], key)
+        self.assertIn("wire the CLI 9b7d", there["handoff"])
+        # The imported step is restorable on the receiving side.
+        with open(os.path.join(target, "src", "app.py"), "wb") as fh:
+            fh.write(b"local edit\n")
+        dst.ok("tc_restore", root=target, index=there["head"], apply=True)
+        self.assertEqual(file_bytes(target), files)
+
+    def test_export_destination_must_be_an_existing_absolute_directory(self):
+        srv = self.server(cwd=self.tmp)
+        self.make_source(srv)
+        a_file = os.path.join(self.tmp, "plain-file")
+        with open(a_file, "wb") as fh:
+            fh.write(b"x")
+        before = tree_listing(self.tmp)
+        for to in ("relative-out", os.path.join(self.tmp, "missing"), a_file, ""):
+            res = srv.call("tc_export", root=self.root, to=to)
+            self.assertTrue(res.is_error, (to, res))
+            self.assertNotIn("Traceback", res.text)
+        after = tree_listing(self.tmp)
+        self.assertEqual([p for p in after if ".checkpoints" not in p[0]],
+                         [p for p in before if ".checkpoints" not in p[0]])
+        self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), "relative-out")))
+
+    def test_existing_package_of_same_name_is_refused(self):
+        srv = self.server()
+        task_id, _ = self.make_source(srv)
+        res = self.export(srv)
+        package = res["path"]
+        listing = tree_listing(package)
+        with open(os.path.join(package, "HANDOFF.md"), "rb") as fh:
+            handoff = fh.read()
+        self.write("README.md", "# changed after the first export\n")
+        srv.ok("tc_save", root=self.root, title="second", conclusion="c", next="n")
+        again = srv.call("tc_export", root=self.root, to=os.path.dirname(package))
+        self.assertTrue(again.is_error, again)
+        self.assertEqual(tree_listing(package), listing)
+        with open(os.path.join(package, "HANDOFF.md"), "rb") as fh:
+            self.assertEqual(fh.read(), handoff)
+        self.assertEqual(sorted(os.listdir(os.path.dirname(package))),
+                         [os.path.basename(package)])
+
+    def test_history_export_restores_every_step_on_the_receiving_side(self):
+        srv = self.server()
+        task_id, _ = self.make_source(srv)
+        states = {1: file_bytes(self.root)}
+        self.write("src/app.py", "print('step two')\n")
+        self.write("src/new.py", "x = 2\n")
+        os.remove(os.path.join(self.root, "docs", "empty.txt"))
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two", conclusion="c",
+                                next="n2")["index"], 2)
+        states[2] = file_bytes(self.root)
+        self.write("src/data.bin", bytes(range(255, -1, -1)) * 50)
+        os.remove(os.path.join(self.root, "src", "new.py"))
+        self.write("docs/guide.md", "guide\n")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="three", conclusion="c",
+                                next="n3")["index"], 3)
+        states[3] = file_bytes(self.root)
+
+        res = self.export(srv, history=True)
+        target = os.path.join(self.other_dir(), "ws")
+        os.makedirs(target)
+        dst = self.server()
+        dst.ok("tc_import", root=target, package=res["path"])
+        self.assertEqual(file_bytes(target), states[3])
+        shown = dst.ok("tc_show", root=target)
+        self.assertEqual(sorted(s["index"] for s in shown["steps"]), [1, 2, 3])
+        for index in (1, 2, 3, 1):
+            dst.ok("tc_restore", root=target, index=index, apply=True)
+            self.assertEqual(file_bytes(target), states[index], "step %d" % index)
+
+
+class CraftedPackageTest(HandoffBase):
+    """Every malformed package is refused before anything is written."""
+
+    @classmethod
+    def setUpClass(cls):
+        """One real source task and two real exports, shared read-only by the tests:
+        `package` (step 1 only) and `history_source` (steps 1 and 2, history:true)."""
+        cls.shared = os.path.realpath(tempfile.mkdtemp(prefix="tc-crafted-src-"))
+        root = os.path.join(cls.shared, "ws")
+        os.makedirs(root)
+        src = Server(env=dict(cls.server_env))
+        try:
+            src.initialize()
+            cls.task_id, cls.files = cls.make_source_in(src, root)
+            out = os.path.join(cls.shared, "out")
+            os.makedirs(out)
+            cls.package = src.ok("tc_export", root=root, to=out)["path"]
+            with open(os.path.join(root, "src", "app.py"), "wb") as fh:
+                fh.write(b"print('step two')\n")
+            src.ok("tc_save", root=root, title="two", conclusion="c", next="n")
+            out = os.path.join(cls.shared, "out-history")
+            os.makedirs(out)
+            cls.history_source = src.ok("tc_export", root=root, to=out, history=True)["path"]
+        except BaseException:
+            shutil.rmtree(cls.shared, ignore_errors=True)
+            raise
+        finally:
+            src.close()
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.shared, ignore_errors=True)
+
+    def setUp(self):
+        super().setUp()
+        self.crafts = self.other_dir("tc-crafts-")
+        self.target_parent = self.other_dir("tc-target-")
+        self.target = os.path.join(self.target_parent, "ws")
+        os.makedirs(self.target)
+        with open(os.path.join(self.target, "mine.txt"), "wb") as fh:
+            fh.write(b"the receiver's own work\n")
+        with open(os.path.join(self.target, "README.md"), "wb") as fh:
+            fh.write(b"receiver readme, must survive\n")
+        self.dst = self.server()
+        self.dst.ok("tc_init", root=self.target, name="receiver", goal="own goal")
+        self.dst.ok("tc_save", root=self.target, title="own step", conclusion="c", next="n")
+        self._n = 0
+
+    def copy_package(self):
+        self._n += 1
+        dst = os.path.join(self.crafts, str(self._n), os.path.basename(self.package))
+        shutil.copytree(self.package, dst, symlinks=True)
+        return dst
+
+    def assert_refused_without_trace(self, package, why):
+        ws = workspace_state(self.target)
+        store = store_state(os.path.join(self.target, ".checkpoints"))
+        parent = tree_listing(self.target_parent)
+        resume = self.dst.ok("tc_resume", root=self.target)
+        res = self.dst.call("tc_import", root=self.target, package=package)
+        self.assertTrue(res.is_error, "%s: import accepted: %r" % (why, res))
+        self.assertNotIn("Traceback", res.text)
+        self.assertEqual(workspace_state(self.target), ws, why)
+        self.assertEqual(store_state(os.path.join(self.target, ".checkpoints")), store, why)
+        outside_store = lambda listing: sorted(
+            p for p in listing if not p[0].startswith(os.path.join("ws", ".checkpoints")))
+        self.assertEqual(outside_store(tree_listing(self.target_parent)), outside_store(parent),
+                         why)
+        after = self.dst.ok("tc_resume", root=self.target)
+        self.assertEqual(after["goal"], resume["goal"], why)
+        self.assertEqual(after["active_task"], resume["active_task"], why)
+        return res
+
+    def edit_first_entry(self, package, new_path):
+        data = load_description(package)
+        lists = file_entry_lists(data)
+        self.assertTrue(lists, "no file list with 'path' entries in %r" % data)
+        entry = next(e for e in lists[0] if e["path"] == "src/app.py")
+        for entries in lists:
+            for e in entries:
+                if e["path"] == "src/app.py":
+                    e["path"] = new_path
+        save_description(package, data)
+        return entry
+
+    def test_dotdot_entry_is_refused(self):
+        package = self.copy_package()
+        copy = content_copy(package, "src/app.py")
+        base = copy[: -len("src/app.py")]
+        self.edit_first_entry(package, "../escape.txt")
+        # Make the crafted entry self-consistent: its content exists where the
+        # path points, so only the path check can stop it.
+        escape_src = os.path.normpath(os.path.join(base, "../escape.txt"))
+        if escape_src.startswith(self.crafts):
+            shutil.copyfile(copy, escape_src)
+        self.assert_refused_without_trace(package, "'..' entry")
+        self.assertFalse(os.path.exists(os.path.join(self.target_parent, "escape.txt")))
+
+    def test_absolute_path_entry_is_refused(self):
+        package = self.copy_package()
+        victim = os.path.join(self.target_parent, "abs-victim", "escape.txt")
+        self.edit_first_entry(package, victim)
+        self.assert_refused_without_trace(package, "absolute entry")
+        self.assertFalse(os.path.exists(victim))
+
+    def test_symlink_entry_is_refused(self):
+        package = self.copy_package()
+        copy = content_copy(package, "src/app.py")
+        outside = os.path.join(self.crafts, "outside-app.py")
+        shutil.copyfile(copy, outside)  # same bytes: the hash still matches
+        os.remove(copy)
+        os.symlink(outside, copy)
+        self.assert_refused_without_trace(package, "symlink entry")
+        self.assertFalse(os.path.islink(os.path.join(self.target, "src", "app.py")))
+
+    def test_tampered_file_is_refused(self):
+        package = self.copy_package()
+        copy = content_copy(package, "src/data.bin")
+        with open(copy, "r+b") as fh:
+            fh.seek(100)
+            fh.write(b"\x00TAMPERED\x00")
+        self.assert_refused_without_trace(package, "tampered file")
+
+    def test_task_that_already_exists_is_refused(self):
+        package = self.copy_package()
+        first = self.dst.ok("tc_import", root=self.target, package=package)
+        self.assertEqual(first["task_id"], self.task_id)
+        self.assertEqual(file_bytes(self.target)["src/app.py"], self.files["src/app.py"])
+        self.assert_refused_without_trace(package, "duplicate task")
+
+    def test_task_id_with_a_slash_is_refused(self):
+        for bad in ("evil/slash", "../evil", "a\\b"):
+            package = self.copy_package()
+            data = replace_strings(load_description(package), self.task_id, bad)
+            self.assertNotEqual(data, load_description(package), "task id not in description")
+            save_description(package, data)
+            self.assert_refused_without_trace(package, "task id %r" % bad)
+            store = os.path.join(self.target, ".checkpoints")
+            self.assertFalse(os.path.exists(os.path.join(store, "tasks", "evil")))
+            self.assertFalse(os.path.exists(os.path.join(store, "evil")))
+
+    def history_package(self):
+        dst = os.path.join(self.crafts, "hist", os.path.basename(self.history_source))
+        shutil.copytree(self.history_source, dst, symlinks=True)
+        return dst
+
+    def history_sha(self, package, rel):
+        """The sha256 step 1 records for rel, as the history part of the package names it."""
+        original = hashlib.sha256(self.files[rel]).hexdigest()
+        with open(description_path(package), "rb") as fh:
+            text = fh.read().decode("utf-8")
+        self.assertIn(original, text, "step 1's content of %s not named in the package" % rel)
+        return original
+
+    def test_history_entry_with_dotdot_is_refused(self):
+        package = self.history_package()
+        data = load_description(package)
+        # Only the history part is crafted: the current step stays valid, so
+        # nothing but a check of the history's paths can refuse the package.
+        renamed = 0
+        for entry in data["history"]:
+            files = entry["files"]
+            if "src/data.bin" in files:
+                files["../escape.bin"] = files.pop("src/data.bin")
+                renamed += 1
+        self.assertEqual(renamed, 2, data["history"])
+        save_description(package, data)
+        self.assert_refused_without_trace(package, "'..' path in the history")
+        self.assertFalse(os.path.exists(os.path.join(self.target_parent, "escape.bin")))
+
+    def test_history_payload_tampered_is_refused(self):
+        package = self.history_package()
+        sha = self.history_sha(package, "src/app.py")
+        copies = [p for p in package_files(package) if sha in p]
+        self.assertTrue(copies, "no content file named by %s in %r" % (sha, package_files(package)))
+        for rel in copies:
+            with open(os.path.join(package, rel), "r+b") as fh:
+                fh.write(b"#")
+        self.assert_refused_without_trace(package, "tampered history payload")
+
+    def test_relative_or_missing_package_is_refused(self):
+        missing = os.path.join(self.crafts, "nothing-handoff")
+        self.assert_refused_without_trace(missing, "missing package")
+        self.assert_refused_without_trace(os.path.basename(self.package), "relative package")
+
+    def test_import_failing_midway_rolls_back_completely(self):
+        # The receiver has a directory where the package wants a file; files
+        # that sort before it would be written first and must be put back.
+        os.makedirs(os.path.join(self.target, "src"), exist_ok=True)
+        with open(os.path.join(self.target, "src", "app.py"), "wb") as fh:
+            fh.write(b"receiver's app.py\n")
+        os.makedirs(os.path.join(self.target, "src", "data.bin"))
+        with open(os.path.join(self.target, "src", "data.bin", "inner.txt"), "wb") as fh:
+            fh.write(b"inside a directory named like a package file\n")
+        self.assert_refused_without_trace(self.package, "path occupied by a directory")
+        self.assertEqual(file_bytes(self.target)["README.md"], b"receiver readme, must survive\n")
+        self.assertEqual(file_bytes(self.target)["src/app.py"], b"receiver's app.py\n")
+        # Once the obstacle is gone the same package imports.
+        shutil.rmtree(os.path.join(self.target, "src", "data.bin"))
+        res = self.dst.ok("tc_import", root=self.target, package=self.package)
+        self.assertEqual(res["task_id"], self.task_id)
+        got = file_bytes(self.target)
+        for rel, data in self.files.items():
+            self.assertEqual(got[rel], data, rel)
+        self.assertEqual(got["mine.txt"], b"the receiver's own work\n")
+
+
+class InterruptedTest(HandoffBase):
+    """SIGKILL in the middle of an export or an import.
+
+    Some kills happen at random times, others as soon as the operation is seen
+    making progress on disk, so the dangerous window is hit on every run.
+    """
+
+    def big_source(self, srv):
+        rng = random.Random(7)
+        for i in range(40):
+            self.write("src/f%03d.txt" % i, ("line %d\n" % i) * rng.randint(200, 1500))
+        for i in range(2):
+            self.write("blobs/b%d.bin" % i, os.urandom(512 * 1024))
+        task_id = srv.ok("tc_init", root=self.root, name="big", goal="big goal")["task_id"]
+        srv.ok("tc_save", root=self.root, title="all", conclusion="c", next="big next")
+        return task_id
+
+    def start_and_kill(self, tool, arguments, trigger, delay):
+        """Send one tool call, wait for trigger() (or delay seconds), then SIGKILL."""
+        victim = self.server()
+        victim.send_raw((json.dumps({
+            "jsonrpc": "2.0", "id": 99, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments}}) + "\n").encode())
+        deadline = time.monotonic() + (delay if trigger is None else 5.0)
+        while time.monotonic() < deadline:
+            if trigger is not None and trigger():
+                break
+            time.sleep(0.0005)
+        victim.kill()
+
+    def test_export_killed_midway_leaves_no_partial_package(self):
+        srv = self.server()
+        task_id = self.big_source(srv)
+        ref_out = self.other_dir("tc-ref-")
+        started = time.monotonic()
+        ref = srv.ok("tc_export", root=self.root, to=ref_out)["path"]
+        duration = time.monotonic() - started
+        srv.close()
+        expected = package_files(ref)
+        rng = random.Random(11)
+        moments = [("anything in 'to'", lambda out: lambda: os.listdir(out), 0),
+                   ("20 entries written", lambda out: lambda: sum(
+                       len(f) for _d, _s, f in os.walk(out)) >= 20, 0)]
+        moments += [("%.3fs" % d, None, d) for d in
+                    (duration * rng.uniform(0.1, 0.5), duration * rng.uniform(0.5, 0.9))]
+        retry = None
+        for label, make_trigger, delay in moments:
+            out = self.other_dir("tc-out-")
+            why = "export killed at %s (export takes %.3fs)" % (label, duration)
+            self.start_and_kill("tc_export", {"root": self.root, "to": out},
+                                make_trigger(out) if make_trigger else None, delay)
+            final = os.path.join(out, task_id + "-handoff")
+            with self.subTest(moment=label):
+                finished = os.path.exists(final)
+                if finished:
+                    self.assertEqual(package_files(final), expected, why)
+                retry = retry or self.server()
+                res = retry.call("tc_export", root=self.root, to=out)
+                if finished:
+                    self.assertTrue(res.is_error, "%s: existing package overwritten" % why)
+                else:
+                    self.assertFalse(res.is_error, "%s: retry failed: %s" % (why, res.text))
+                    self.assertEqual(package_files(res["path"]), expected, why)
+
+    def check_after_restart(self, target, package, task_id, before, complete, why):
+        """After a restart the first call sees a complete import or none; a retry works."""
+        restarted = self.server()
+        resume = restarted.call("tc_resume", root=target)
+        state = hashed_state(target)
+        store = os.path.join(target, ".checkpoints")
+        task_dir = os.path.exists(os.path.join(store, "tasks", task_id))
+        diff = sorted(k for k in set(state) | set(before) if state.get(k) != before.get(k))
+        if not resume.is_error:
+            outcome = "complete"
+            self.assertEqual(resume["goal"], "big goal", why)
+            self.assertEqual(state, complete, "%s: task active but files differ" % why)
+        else:
+            outcome = "none"
+            self.assertEqual(state, before, "%s: tc_resume says %r but the workspace holds "
+                             "a half-written import: %s" % (why, resume.text, diff[:8]))
+            self.assertFalse(task_dir, "%s: half-written task left in the store" % why)
+        # Whatever the first call saw, a retry ends in one complete import.
+        retry = restarted.call("tc_import", root=target, package=package)
+        if outcome == "none":
+            self.assertFalse(retry.is_error, "%s: retry failed: %s" % (why, retry.text))
+            self.assertEqual(retry["task_id"], task_id, why)
+        else:
+            self.assertTrue(retry.is_error, "%s: duplicate import accepted" % why)
+        self.assertEqual(hashed_state(target), complete, why)
+        self.assertEqual(restarted.ok("tc_resume", root=target)["goal"], "big goal", why)
+        restarted.close()
+        return outcome
+
+    def test_import_killed_at_random_moments_is_all_or_nothing(self):
+        srv = self.server()
+        task_id = self.big_source(srv)
+        package = self.export(srv)["path"]
+        srv.close()
+        template = os.path.join(self.other_dir("tc-template-"), "ws")
+        os.makedirs(os.path.join(template, "src"))
+        with open(os.path.join(template, "src", "f005.txt"), "wb") as fh:
+            fh.write(b"the receiver's version of f005\n")
+        with open(os.path.join(template, "notes.txt"), "wb") as fh:
+            fh.write(b"receiver notes\n")
+        before = hashed_state(template)
+
+        ref = os.path.join(self.other_dir("tc-refimport-"), "ws")
+        shutil.copytree(template, ref)
+        started = time.monotonic()
+        self.server().ok("tc_import", root=ref, package=package)
+        duration = time.monotonic() - started
+        complete = hashed_state(ref)
+        self.assertNotEqual(complete, before)
+
+        def new_entries(target, n):
+            return lambda: (len(os.listdir(os.path.join(target, "src")))
+                            + (os.path.isdir(os.path.join(target, "blobs")) and
+                               len(os.listdir(os.path.join(target, "blobs"))))) > n
+        rng = random.Random(23)
+        moments = [
+            ("first workspace entry", lambda t: new_entries(t, 1), 0),
+            ("half the files", lambda t: new_entries(t, 21), 0),
+            ("task directory in store", lambda t: lambda: os.path.isdir(
+                os.path.join(t, ".checkpoints", "tasks", task_id)), 0),
+        ]
+        moments.append(("random", None, duration * rng.uniform(0.05, 0.95)))
+        for label, make_trigger, delay in moments:
+            why = "import killed at %s (import takes %.3fs)" % (label, duration)
+            target = os.path.join(self.other_dir("tc-kill-"), "ws")
+            shutil.copytree(template, target)
+            self.start_and_kill("tc_import", {"root": target, "package": package},
+                                make_trigger(target) if make_trigger else None, delay)
+            with self.subTest(moment=label):
+                self.check_after_restart(target, package, task_id, before, complete, why)
+
+
+class StoreTest(HandoffBase):
+    """External stores, the pointer file, and workspaces sharing one store."""
+
+    def two_workspaces(self):
+        w1 = os.path.join(self.tmp, "w1")
+        w2 = os.path.join(self.tmp, "w2")
+        for root, tag in ((w1, "w1"), (w2, "w2")):
+            os.makedirs(os.path.join(root, "src"))
+            for rel, data in (("%s_only.txt" % tag, tag), ("common.txt", "common " + tag),
+                              ("src/%s_code.py" % tag, "x = '%s'\n" % tag)):
+                with open(os.path.join(root, *rel.split("/")), "w") as fh:
+                    fh.write(data)
+        return w1, w2
+
+    def check_isolated(self, srv, w1, w2, store):
+        t1 = srv.ok("tc_init", root=w1, name="first", goal="goal one")["task_id"]
+        t2 = srv.ok("tc_init", root=w2, name="second", goal="goal two")["task_id"]
+        srv.ok("tc_save", root=w1, title="w1 step", conclusion="c1", next="n1")
+        srv.ok("tc_save", root=w2, title="w2 step", conclusion="c2", next="n2")
+        s1, s2 = file_bytes(w1), file_bytes(w2)
+        for root in (w1, w2):
+            self.assertFalse(os.path.exists(os.path.join(root, ".checkpoints")))
+            with open(os.path.join(root, ".task-checkpoint-store.json")) as fh:
+                pointer = json.load(fh)
+            self.assertEqual(os.path.realpath(pointer["store"]), os.path.realpath(store))
+        self.assertTrue(os.path.isdir(os.path.join(store, "tasks", t1)))
+        self.assertTrue(os.path.isdir(os.path.join(store, "tasks", t2)))
+
+        with open(os.path.join(w1, "w1_late.txt"), "w") as fh:
+            fh.write("late w1\n")
+        with open(os.path.join(w1, "common.txt"), "w") as fh:
+            fh.write("common w1, edited\n")
+        r1 = srv.ok("tc_resume", root=w1)
+        r2 = srv.ok("tc_resume", root=w2)
+        self.assertEqual((r1["goal"], r2["goal"]), ("goal one", "goal two"))
+        self.assertEqual(r2["drift_paths"], [], r2)
+        self.assertIn("w1_late.txt", json.dumps(r1["drift_paths"]))
+        self.assertNotIn("w2", json.dumps(r1["drift_paths"]))
+        self.assertFalse(srv.ok("tc_capture", root=w2)["captured"])
+        self.assertTrue(srv.ok("tc_capture", root=w1)["captured"])
+        srv.ok("tc_save", root=w1, title="w1 second", conclusion="c", next="n")
+        for root, foreign in ((w1, "w2_"), (w2, "w1_")):
+            shown = srv.ok("tc_show", root=root, include_drift=True, limit=200)
+            self.assertNotIn(foreign, json.dumps(shown), root)
+            self.assertNotIn(foreign, json.dumps(srv.ok("tc_resume", root=root)), root)
+            plan = srv.ok("tc_restore", root=root, index=1, apply=False)["plan"]
+            self.assertNotIn(foreign, json.dumps(plan), root)
+        srv.ok("tc_restore", root=w1, index=1, apply=True)
+        srv.ok("tc_restore", root=w2, index=1, apply=True)
+        self.assertEqual(file_bytes(w1), s1)
+        self.assertEqual(file_bytes(w2), s2)
+        return t1, t2
+
+    def test_workspaces_sharing_store_via_env_stay_isolated(self):
+        store = os.path.join(self.tmp, "shared-store")
+        w1, w2 = self.two_workspaces()
+        srv = self.server(env={"TC_STORE": store})
+        self.check_isolated(srv, w1, w2, store)
+
+    def test_workspaces_sharing_store_via_init_argument_stay_isolated(self):
+        store = os.path.join(self.other_dir("tc-store-"), "store")
+        w1, w2 = self.two_workspaces()
+        srv = self.server()
+        t1 = srv.ok("tc_init", root=w1, name="first", goal="goal one", store=store)
+        self.assertTrue(t1["store_is_external"], t1)
+        srv.ok("tc_init", root=w2, name="second", goal="goal two", store=store)
+        self.check_isolated(srv, w1, w2, store)
+
+    def test_new_server_without_env_finds_store_through_pointer(self):
+        store = os.path.join(self.other_dir("tc-store-"), "store")
+        first = self.server(env={"TC_STORE": store})
+        self.write("a.txt", "a\n")
+        init = first.ok("tc_init", root=self.root, name="pointer", goal="pointer goal")
+        self.assertTrue(init["store_is_external"], init)
+        first.ok("tc_save", root=self.root, title="one", conclusion="c", next="pointer next")
+        first.close()
+        with open(os.path.join(self.root, ".task-checkpoint-store.json")) as fh:
+            self.assertEqual(os.path.realpath(json.load(fh)["store"]), os.path.realpath(store))
+
+        second = self.server()  # no TC_STORE in its environment
+        self.assertNotIn("TC_STORE", second.env)
+        resume = second.ok("tc_resume", root=self.root)
+        self.assertEqual((resume["goal"], resume["next"]), ("pointer goal", "pointer next"))
+        self.write("a.txt", "a, second step\n")
+        self.assertEqual(second.ok("tc_save", root=self.root, title="two")["index"], 2)
+        self.assertTrue(os.path.isfile(os.path.join(
+            store, "tasks", init["task_id"], "steps", "s0002.json")))
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".checkpoints")))
+
+    def test_store_equal_to_root_is_refused(self):
+        self.write("a.txt", "a\n")
+        srv = self.server()
+        before = tree_listing(self.root)
+        for store in (self.root, self.root + "/", os.path.join(self.root, "sub", "..")):
+            res = srv.call("tc_init", root=self.root, name="same", goal="g", store=store)
+            self.assertTrue(res.is_error, (store, res))
+            self.assertEqual(tree_listing(self.root), before, store)
+        env_srv = self.server(env={"TC_STORE": self.root})
+        res = env_srv.call("tc_init", root=self.root, name="same", goal="g")
+        self.assertTrue(res.is_error, res)
+        self.assertEqual(tree_listing(self.root), before)
+
+    def test_store_inside_workspace_is_never_scanned(self):
+        self.write("a.txt", "a\n")
+        srv = self.server()
+        inner = os.path.join(self.root, "inner-store")
+        srv.ok("tc_init", root=self.root, name="inner", goal="g", store=inner)
+        srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        self.write("a.txt", "a2\n")
+        srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
+        self.assertFalse(srv.ok("tc_capture", root=self.root)["captured"])
+        shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
+        self.assertNotIn("inner-store", json.dumps(shown))
+        resume = srv.ok("tc_resume", root=self.root)
+        resume.pop("store")  # the one field that names the store on purpose
+        self.assertNotIn("inner-store", json.dumps(resume))
+        plan = srv.ok("tc_restore", root=self.root, index=1, apply=False)["plan"]
+        self.assertNotIn("inner-store", json.dumps(plan))
+
+
+if __name__ == "__main__":
+    unittest.main()

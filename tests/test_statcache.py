@@ -1,0 +1,192 @@
+"""The default save never misses a content change, whatever a tool did to the
+file's timestamps.
+
+Each case makes a same-size edit that leaves size and mtime exactly as the
+index recorded them (os.utime with nanoseconds, `cp -p`, `touch -r`, a rename
+over the file, an edit in the same clock tick as the save), then checks that
+tc_save makes a new, non-idempotent step whose content restores byte for byte,
+and, in a separate workspace, that tc_capture lists the file as modified.
+"""
+
+import os
+import subprocess
+import unittest
+
+from support import WorkspaceTest
+
+ORIGINAL = b"original content: 0123456789abcdef\n"
+EDITED = b"edited!! content: fedcba9876543210\n"
+assert len(ORIGINAL) == len(EDITED)
+
+
+def drift_key(record):
+    for key in ("id", "drift_id"):
+        if key in record:
+            return record[key]
+    raise AssertionError("drift record without an id: %r" % (record,))
+
+
+def drift_paths(record, kind):
+    if kind in record:
+        value = record[kind]
+    elif isinstance(record.get("changes"), dict) and kind in record["changes"]:
+        value = record["changes"][kind]
+    else:
+        raise AssertionError("drift record has no %r list: %r" % (kind, record))
+    return sorted(e if isinstance(e, str) else e["path"] for e in value)
+
+
+class StatCacheTest(WorkspaceTest):
+
+    server_env = {"TC_WATCH": "off", "TC_SHA_REUSE": None}
+
+    def setUp(self):
+        super().setUp()
+        self.srv = self.server()
+        self.outside = os.path.join(self.tmp, "outside")
+        os.makedirs(self.outside)
+
+    # -- helpers -----------------------------------------------------------
+
+    def prepare(self, name):
+        """A workspace with a saved, cache-warm target file; returns (root, stat)."""
+        root = os.path.join(self.tmp, name)
+        os.makedirs(os.path.join(root, "src"))
+        with open(os.path.join(root, "src", "target.txt"), "wb") as fh:
+            fh.write(ORIGINAL)
+        with open(os.path.join(root, "other.txt"), "wb") as fh:
+            fh.write(b"untouched\n")
+        self.srv.ok("tc_init", root=root, name=name, goal="stat cache")
+        first = self.srv.ok("tc_save", root=root, title="same title", conclusion="same")
+        self.assertEqual(first["index"], 1)
+        again = self.srv.ok("tc_save", root=root, title="same title", conclusion="same")
+        self.assertTrue(again["idempotent"], "an unchanged save must be idempotent: %r" % again)
+        return root, os.stat(os.path.join(root, "src", "target.txt"))
+
+    def check_both(self, edit):
+        """Run edit(root, path, stat) in two workspaces: one checked by save, one by capture."""
+        root, st = self.prepare("by-save")
+        path = os.path.join(root, "src", "target.txt")
+        edit(root, path, st)
+        self.assert_same_size_and_mtime(path, st)
+        saved = self.srv.ok("tc_save", root=root, title="same title", conclusion="same")
+        self.assertFalse(saved["idempotent"], "save missed the edit: %r" % saved)
+        self.assertEqual(saved["index"], 2, saved)
+        self.srv.ok("tc_restore", root=root, index=1, apply=True)
+        with open(path, "rb") as fh:
+            self.assertEqual(fh.read(), ORIGINAL)
+        self.srv.ok("tc_restore", root=root, index=2, apply=True)
+        with open(path, "rb") as fh:
+            self.assertEqual(fh.read(), EDITED, "step 2 recorded stale content")
+
+        root, st = self.prepare("by-capture")
+        path = os.path.join(root, "src", "target.txt")
+        edit(root, path, st)
+        self.assert_same_size_and_mtime(path, st)
+        cap = self.srv.ok("tc_capture", root=root)
+        self.assertTrue(cap["captured"], "capture missed the edit: %r" % cap)
+        shown = self.srv.ok("tc_show", root=root, include_drift=True, limit=200)
+        records = [d for d in shown["drifts"] if drift_key(d) == cap["drift_id"]]
+        self.assertEqual(len(records), 1, shown["drifts"])
+        self.assertEqual(drift_paths(records[0], "modified"), ["src/target.txt"])
+        self.assertEqual(drift_paths(records[0], "added"), [])
+        self.assertEqual(drift_paths(records[0], "deleted"), [])
+        # The drift holds the new bytes, not the indexed ones.
+        with open(path, "wb") as fh:
+            fh.write(b"x")
+        self.srv.ok("tc_restore", root=root, drift_id=cap["drift_id"], apply=True)
+        with open(path, "rb") as fh:
+            self.assertEqual(fh.read(), EDITED)
+
+    def assert_same_size_and_mtime(self, path, st):
+        now = os.stat(path)
+        self.assertEqual(now.st_size, st.st_size)
+        self.assertEqual(now.st_mtime_ns, st.st_mtime_ns, "the edit did not put mtime back")
+        with open(path, "rb") as fh:
+            self.assertEqual(fh.read(), EDITED)
+
+    def write_outside(self, name, data, mtime_ns):
+        path = os.path.join(self.outside, name)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+        return path
+
+    # -- cases -------------------------------------------------------------
+
+    def test_mtime_put_back_with_os_utime(self):
+        def edit(root, path, st):
+            with open(path, "r+b") as fh:
+                fh.write(EDITED)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.check_both(edit)
+
+    def test_cp_p_from_a_same_size_file(self):
+        def edit(root, path, st):
+            src = self.write_outside("src-%s" % os.path.basename(root), EDITED, st.st_mtime_ns)
+            subprocess.run(["cp", "-p", src, path], check=True)
+        self.check_both(edit)
+
+    def test_touch_r_from_a_reference_file(self):
+        def edit(root, path, st):
+            ref = self.write_outside("ref-%s" % os.path.basename(root), b"ref", st.st_mtime_ns)
+            with open(path, "wb") as fh:
+                fh.write(EDITED)
+            subprocess.run(["touch", "-r", ref, path], check=True)
+        self.check_both(edit)
+
+    def test_file_replaced_by_rename_of_same_size_file(self):
+        def edit(root, path, st):
+            tmp = os.path.join(root, "src", ".target.txt.tmp")
+            with open(tmp, "wb") as fh:
+                fh.write(EDITED)
+            os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.rename(tmp, path)
+        self.check_both(edit)
+
+    def test_edit_in_the_same_clock_tick_right_after_a_save(self):
+        # The file is written immediately before a save and rewritten immediately
+        # after it, with mtime forced back; repeated so some rounds land in the
+        # same timestamp tick as the save itself.
+        root = os.path.join(self.tmp, "tick")
+        os.makedirs(root)
+        path = os.path.join(root, "f.txt")
+        with open(path, "wb") as fh:
+            fh.write(b"round 00\n")
+        self.srv.ok("tc_init", root=root, name="tick", goal="g")
+        self.srv.ok("tc_save", root=root, title="same", conclusion="same")
+        expected = {1: b"round 00\n"}
+        for n in range(1, 13):
+            content = b"round %02d\n" % n
+            with open(path, "wb") as fh:
+                fh.write(content)
+            st = os.stat(path)
+            saved = self.srv.ok("tc_save", root=root, title="same", conclusion="same")
+            self.assertFalse(saved["idempotent"], "round %d: %r" % (n, saved))
+            expected[saved["index"]] = content
+            # Same size, mtime put back, no pause: often the same clock tick.
+            with open(path, "r+b") as fh:
+                fh.write(b"ROUND %02d\n" % n)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+            saved = self.srv.ok("tc_save", root=root, title="same", conclusion="same")
+            self.assertFalse(saved["idempotent"], "round %d, edit after save: %r" % (n, saved))
+            expected[saved["index"]] = b"ROUND %02d\n" % n
+        self.assertEqual(sorted(expected), list(range(1, 26)))
+        for index in (25, 2, 13, 1, 24):
+            self.srv.ok("tc_restore", root=root, index=index, apply=True)
+            with open(path, "rb") as fh:
+                self.assertEqual(fh.read(), expected[index], "step %d" % index)
+
+        # The same for capture: each same-tick edit shows up as modified.
+        for n in range(3):
+            self.srv.ok("tc_save", root=root, title="base %d" % n, conclusion="c")
+            st = os.stat(path)
+            with open(path, "r+b") as fh:
+                fh.write(b"CAPT %02d\n" % n + b" " * (st.st_size - 8))
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+            cap = self.srv.ok("tc_capture", root=root)
+            self.assertTrue(cap["captured"], "capture round %d: %r" % (n, cap))
+
+
+if __name__ == "__main__":
+    unittest.main()
