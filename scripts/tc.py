@@ -715,6 +715,9 @@ class PayloadStore:
             self._write_bytes(sha, data)
         return sha
 
+    def forget_dirs(self):
+        self._dirs.clear()
+
     def _prefix_dir(self, sha):
         directory = os.path.join(self.directory, sha[:2])
         if directory not in self._dirs:
@@ -725,7 +728,11 @@ class PayloadStore:
     def _write_bytes(self, sha, data):
         target = self.path(sha)
         directory = self._prefix_dir(sha)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        except FileNotFoundError:  # removed by another process's rollback
+            self._dirs.discard(directory)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self._prefix_dir(sha))
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
@@ -753,6 +760,7 @@ class PayloadStore:
             if self.has(sha):
                 remove_file(tmp)
             else:
+                self._dirs.discard(os.path.dirname(self.path(sha)))
                 self._prefix_dir(sha)
                 os.replace(tmp, self.path(sha))
                 self.pending.append(self.path(sha))
@@ -1087,6 +1095,7 @@ class Journal:
     def finish(self):
         shutil.rmtree(self.directory, ignore_errors=True)
         fsync_dir(os.path.dirname(self.directory))
+        remove_empty_dir(os.path.dirname(self.directory))
 
     def rollback(self):
         rollback_journal(self.store, self.directory, self.data)
@@ -1156,8 +1165,17 @@ def rollback_journal(store, directory, data=None):
                 atomic_write(target, fh.read())
     for path in data["payloads_new"]:
         remove_file(path)
+        remove_empty_dir(os.path.dirname(path))
     store.forget_caches()
     shutil.rmtree(directory, ignore_errors=True)
+    remove_empty_dir(os.path.dirname(directory))
+
+
+def remove_empty_dir(path):
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------------
@@ -1701,6 +1719,7 @@ class Store:
 
     def forget_caches(self):
         self._tasks.clear()
+        self.payloads.forget_dirs()
 
     def task_ids(self):
         try:
@@ -2693,11 +2712,19 @@ class Checkpoints:
         if os.path.lexists(final):
             raise AlreadyExists("a package %r already exists; move it away or export "
                                 "elsewhere" % final)
-        tmp = os.path.join(to, ".%s-handoff.tmp-%s" % (ws.task_id, secrets.token_hex(4)))
+        prefix = ".%s-handoff.tmp-" % ws.task_id
+        tmp = os.path.join(to, prefix + secrets.token_hex(4))
         try:
             with ws.store.lock:
+                # Under the lock, a temporary package of this task is a dead export's.
+                for name in os.listdir(to):
+                    if name.startswith(prefix):
+                        shutil.rmtree(os.path.join(to, name), ignore_errors=True)
                 desc = self._write_package(ws, tmp, history)
-            os.rename(tmp, final)
+                if os.path.lexists(final):
+                    raise AlreadyExists("a package %r already exists; move it away or "
+                                        "export elsewhere" % final)
+                os.rename(tmp, final)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, OSError):
