@@ -466,6 +466,16 @@ def validate_drift_id(drift_id):
 # 4. Path policy: pure decisions about names, no I/O
 # ---------------------------------------------------------------------------
 
+def compile_globs(patterns):
+    """One regex matching a whole name against any of the glob patterns."""
+    if not patterns:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
+
+SENSITIVE_FILES_RE = compile_globs(SENSITIVE_FILES)
+
+
 def _split_ext(name):
     base = name.lstrip(".")
     if "." not in base:
@@ -485,7 +495,7 @@ class PathPolicy:
     def __init__(self, exclude=(), store_rel=None):
         self.exclude = tuple(exclude)
         self.store_rel = store_rel
-        self._patterns = ALWAYS_EXCLUDED + self.exclude
+        self._excluded_re = compile_globs(ALWAYS_EXCLUDED + self.exclude)
         self._excluded_cache = {}
         self._sensitive_dir_cache = {}
         self._sensitive_file_cache = {}
@@ -510,7 +520,7 @@ class PathPolicy:
     def excluded_name(self, name):
         hit = self._excluded_cache.get(name)
         if hit is None:
-            hit = any(fnmatch.fnmatchcase(name, p) for p in self._patterns)
+            hit = self._excluded_re.match(name) is not None
             self._excluded_cache[name] = hit
         return hit
 
@@ -531,7 +541,7 @@ class PathPolicy:
 
     @staticmethod
     def _classify_file(low):
-        if any(fnmatch.fnmatchcase(low, p) for p in SENSITIVE_FILES):
+        if SENSITIVE_FILES_RE.match(low):
             return True
         stem, ext = _split_ext(low)
         for prefix in SENSITIVE_PREFIXES:
@@ -673,6 +683,27 @@ def hash_file(path, *, limit=None):
 # 6. Payload store: the only code that knows payload/<sha[:2]>/<sha>
 # ---------------------------------------------------------------------------
 
+def sync_filesystem(directory):
+    """Flush the file system holding directory in one call (Linux syncfs,
+    else a global sync); False where neither exists."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                if libc.syncfs(fd) == 0:
+                    return True
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            pass
+    if hasattr(os, "sync"):
+        os.sync()
+        return True
+    return False
+
+
 class PayloadStore:
     """Content-addressed copies, written once per content, verified on read."""
 
@@ -778,8 +809,7 @@ class PayloadStore:
         pending, self.pending = self.pending, []
         if not pending:
             return
-        if len(pending) > 16 and hasattr(os, "sync"):
-            os.sync()
+        if len(pending) > 1 and sync_filesystem(self.directory):
             return
         for path in pending:
             try:
@@ -841,7 +871,7 @@ def manifest_entry(kind, sha, size, mode, mtime_ns=0):
 class ManifestLog:
     """manifest/mNNNN.json of one task; loads full maps with a small cache."""
 
-    CACHE_SIZE = 4
+    CACHE_SIZE = 2
 
     def __init__(self, directory):
         self.directory = directory
@@ -1027,7 +1057,8 @@ class TaskRecords:
         return doc
 
     def write_index(self, index_doc):
-        write_json(self.index_path, index_doc)
+        # A stat cache: losing it to a power cut only costs re-reading files.
+        write_json(self.index_path, index_doc, durable=False)
         self._index_cache = (None, None)
 
 
@@ -1089,8 +1120,8 @@ class Journal:
         self.started = True
 
     def temp_name(self, full):
-        tmp = "%s.tc-%s" % (full, self.op_id)
-        return tmp
+        """A short staging name beside full (long file names stay within limits)."""
+        return sibling_temp(full, self.op_id)
 
     def finish(self):
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -1099,6 +1130,11 @@ class Journal:
 
     def rollback(self):
         rollback_journal(self.store, self.directory, self.data)
+
+
+def sibling_temp(full, tag):
+    digest = hashlib.sha1(os.path.basename(full).encode("utf-8", "surrogatepass")).hexdigest()
+    return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
 
 
 def _put_back(payloads, full, before):
@@ -1117,7 +1153,7 @@ def _put_back(payloads, full, before):
         except OSError:
             pass
     os.makedirs(os.path.dirname(full), exist_ok=True)
-    tmp = full + ".tc-rollback"
+    tmp = sibling_temp(full, "rollback")
     remove_file(tmp)
     payloads.copy_out(sha, tmp, mode)
     os.replace(tmp, full)
@@ -1747,6 +1783,26 @@ class Store:
         except FileNotFoundError:
             return []
 
+    def clock_stamp(self, root):
+        """The file system's clock now, read before a scan starts.
+
+        A file whose mtime and ctime are older than this stamp cannot change
+        without its stat changing. Read from a file touched in the store, so
+        the stamp and the files' times come from the same clock; when the
+        store is on another device, the wall clock minus a margin stands in.
+        """
+        path = os.path.join(self.directory, "clock")
+        try:
+            with open(path, "ab"):
+                pass
+            os.utime(path)
+            st = os.stat(path)
+            if st.st_dev == os.stat(root).st_dev:
+                return st.st_mtime_ns
+        except OSError:
+            pass
+        return time.time_ns() - RACY_MARGIN_NS
+
     @property
     def marker_path(self):
         return os.path.join(self.directory, "writing")
@@ -1813,9 +1869,9 @@ class Workspace:
     def records(self):
         return self.store.task(self.task_id)
 
-    def policy(self):
+    def policy_key(self):
         exclude = self.state.get("exclude", []) if self.state else []
-        return PathPolicy(exclude, store_rel=store_rel_in(self.root, self.store.directory))
+        return (self.root, tuple(exclude), store_rel_in(self.root, self.store.directory))
 
 
 def store_rel_in(root, store_dir):
@@ -1832,11 +1888,8 @@ def slugify(name):
 
 
 def files_digest(entries):
-    digest = hashlib.sha256()
-    for path in sorted(entries):
-        digest.update(json.dumps([path, list(entries[path])]).encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
+    blob = json.dumps(sorted(entries.items()), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def step_digest(title, files, conclusion, next_step, verified):
@@ -1869,6 +1922,7 @@ class Checkpoints:
         self._stores = {}
         self._guard = threading.RLock()
         self._watched = {}
+        self._policies = {}
         self.git = GitRefWriter(enabled=self.config.git, verify=self.config.git_verify,
                                 log=self.log)
         self.watcher = None
@@ -1915,6 +1969,18 @@ class Checkpoints:
     def _watch(self, root, store):
         with self._guard:
             self._watched[root] = store.directory
+
+    def _policy(self, ws):
+        """One PathPolicy per (root, exclude, store location): its name caches
+        then serve every scan of that workspace."""
+        key = ws.policy_key()
+        with self._guard:
+            policy = self._policies.get(key)
+            if policy is None:
+                if len(self._policies) > 64:
+                    self._policies.clear()
+                policy = self._policies[key] = PathPolicy(key[1], store_rel=key[2])
+            return policy
 
     def _store(self, directory):
         directory = os.path.realpath(directory)
@@ -2009,13 +2075,16 @@ class Checkpoints:
             return False
         return (tuple(row[:5]) == stat_key(info) and row[1] < stamp_ns and row[2] < stamp_ns)
 
-    def _snapshot(self, ws, *, store_content, verify_payloads=False, scan=None):
+    def _snapshot(self, ws, *, store_content, verify_payloads=False):
         """Entries and index rows of the workspace as it is now.
 
         Re-reads only files the stat cache cannot vouch for; stores content of
         what it reads when store_content is set (sensitive files never read).
         """
-        scan = scan or scan_tree(ws.root, ws.policy())
+        # A preview writes nothing, not even the clock file; its rows are not kept.
+        stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
+                    else time.time_ns() - RACY_MARGIN_NS)
+        scan = scan_tree(ws.root, self._policy(ws))
         index_doc = ws.records.read_index()
         old_rows, stamp_ns = index_doc["files"], index_doc.get("stamp_ns", 0)
         payloads = ws.store.payloads
@@ -2041,8 +2110,7 @@ class Checkpoints:
             reads += 1
             rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
             entries[rel] = manifest_entry(kind, sha, size, mode)
-        return Snapshot(entries, rows, reads, skipped,
-                        scan.started_ns - RACY_MARGIN_NS, created)
+        return Snapshot(entries, rows, reads, skipped, stamp_ns, created)
 
     def _read_file(self, ws, rel, info, store_content, created):
         full = os.path.join(ws.root, *rel.split("/"))
@@ -2288,9 +2356,12 @@ class Checkpoints:
             state = ws.records.read_state()
             if index is not None:
                 step = ws.records.read_step(index)
-                steps = [self._step_view(step, state, files=ws.records.manifests.load(
-                    step["manifest"]))]
-                numbers, next_cursor = [], None
+                files = ws.records.manifests.load(step["manifest"])
+                paths = sorted(files)[cursor:cursor + limit]
+                steps = [self._step_view(step, state, files={p: files[p] for p in paths})]
+                steps[0]["file_count"] = len(files)
+                numbers = []
+                next_cursor = cursor + limit if cursor + limit < len(files) else None
             else:
                 numbers = ws.records.step_numbers()
                 page = numbers[cursor:cursor + limit]
@@ -2339,7 +2410,7 @@ class Checkpoints:
             state = ws.state
             last = self._read_step_checked(ws, state["head"], errors)
             index_doc = self._read_index_checked(ws, errors)
-        scan = scan_tree(ws.root, ws.policy())
+        scan = scan_tree(ws.root, self._policy(ws))
         drift_paths = self._drift_paths(scan, index_doc)
         errors.extend(self._health(ws, state))
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
@@ -2440,7 +2511,7 @@ class Checkpoints:
             return ()
         index_doc = ws.records.read_index()
         rows = index_doc["files"]
-        scan = scan_tree(ws.root, ws.policy())
+        scan = scan_tree(ws.root, self._policy(ws))
         changed = []
         for rel, info in scan.files.items():
             row = rows.get(rel)

@@ -75,6 +75,16 @@ def fingerprint(top):
     return out
 
 
+def directories(root, skip=(".checkpoints", ".git")):
+    """Every directory under root (a restore must leave no new or missing ones)."""
+    out = set()
+    for dirpath, dirnames, _filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for name in dirnames:
+            out.add(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
 def all_store_bytes(store):
     """(relative path, bytes) of every regular file under the store."""
     for dirpath, _dirnames, filenames in os.walk(store):
@@ -222,6 +232,10 @@ class RoundTrip(RestoreTest):
         self.assertEqual(snapshot(self.root), snap2)
         self.assertEqual(self.head(srv), 2)
         self.assertFalse(os.path.exists(os.path.join(self.root, "notes", "unsaved.txt")))
+        resume = srv.ok("tc_resume", root=self.root)
+        self.assertEqual(resume["drift_paths"], [])
+        shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
+        self.assertIn(recovered, [d["id"] for d in shown["drifts"]])
 
         # Nothing left to do: the same preview is now empty.
         again = self.restore_ok(srv, index=2)
@@ -280,6 +294,147 @@ class RoundTrip(RestoreTest):
         # Step 3 is still there and still restores.
         self.restore_ok(srv, index=3, apply=True)
         self.assertEqual(self.read("f.txt"), b"version 3\n")
+
+
+class Shapes(RestoreTest):
+    """Paths that change kind, excluded names, baselines and other stores."""
+
+    def test_file_and_directory_swap_places(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("x/y.txt", "x is a folder at step 1\n")
+        self.write("x/deeper/z.txt", "deeper\n")
+        self.write("f", "f is a file at step 1\n")
+        self.save(srv, "one")
+        snap1 = snapshot(self.root)
+        for rel in ("x/deeper/z.txt", "x/y.txt", "f"):
+            os.remove(os.path.join(self.root, rel))
+        os.rmdir(os.path.join(self.root, "x", "deeper"))
+        os.rmdir(os.path.join(self.root, "x"))
+        self.write("x", "x is a file at step 2\n")
+        self.write("f/inside.txt", "f is a folder at step 2\n")
+        self.save(srv, "two")
+        snap2 = snapshot(self.root)
+        for index, expected in ((1, snap1), (2, snap2), (1, snap1)):
+            self.restore_ok(srv, index=index, apply=True)
+            self.assertEqual(snapshot(self.root), expected, index)
+            resume = srv.ok("tc_resume", root=self.root)
+            self.assertEqual(resume["drift_paths"], [], index)
+            self.assertTrue(resume["health"]["ok"], resume["health"])
+
+    def test_a_file_with_a_long_name(self):
+        # 250 bytes: a legal name on every common file system (the limit is
+        # 255), so a restore must be able to write it back.
+        long_name = "L" * 246 + ".txt"
+        srv = self.server()
+        self.init(srv)
+        self.write("dir/" + long_name, "long v1\n")
+        self.write("a.txt", "a v1\n")
+        self.save(srv, "one")
+        snap1 = snapshot(self.root)
+        self.write("dir/" + long_name, "long v2, changed\n")
+        self.write("a.txt", "a v2\n")
+        self.save(srv, "two")
+        snap2 = snapshot(self.root)
+        self.write("fresh.txt", "unsaved\n")
+        res = self.restore(srv, index=1, apply=True)
+        self.assertFalse(res.is_error, res)
+        self.assertEqual(snapshot(self.root), snap1)
+        os.remove(os.path.join(self.root, "dir", long_name))
+        res = self.restore(srv, index=2, apply=True)
+        self.assertFalse(res.is_error, res)
+        self.assertEqual(snapshot(self.root), snap2)
+        self.assert_health_ok(srv)
+
+    def test_excluded_names_are_never_touched(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("a.txt", "a v1\n")
+        self.save(srv, "one")
+        self.write("a.txt", "a v2\n")
+        self.save(srv, "two")
+        kept = {
+            "node_modules/pkg/index.js": b"module\n",
+            "build/out.o": b"\x7fELF",
+            "src/__pycache__/m.cpython-311.pyc": b"pyc",
+            "notes.bak": b"backup copy\n",
+            ".venv/bin/python": b"venv\n",
+            ".git/HEAD": b"ref: refs/heads/main\n",
+        }
+        for rel, data in kept.items():
+            self.write(rel, data)
+        preview = self.restore_ok(srv, index=1)
+        planned = set()
+        for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
+            planned |= paths_of(preview["plan"][key])
+        self.assertEqual(planned, {"a.txt"})
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(self.read("a.txt"), b"a v1\n")
+        for rel, data in kept.items():
+            self.assertEqual(self.read(rel), data, rel)
+
+    def test_restore_to_the_baseline_drift_of_tc_init(self):
+        self.write("a.txt", "before the task\n")
+        self.write("lib/b.bin", os.urandom(5000))
+        at_init = snapshot(self.root)
+        srv = self.server()
+        self.init(srv)
+        drifts = srv.ok("tc_show", root=self.root, include_drift=True)["drifts"]
+        self.assertTrue(drifts, "tc_init recorded no baseline")
+        baseline = drifts[0]["id"]
+        self.write("a.txt", "during the task\n")
+        self.write("c.txt", "new\n")
+        os.remove(os.path.join(self.root, "lib", "b.bin"))
+        self.save(srv, "one")
+        applied = self.restore_ok(srv, drift_id=baseline, apply=True)
+        self.assertTrue(applied["applied"])
+        self.assertEqual(snapshot(self.root), at_init)
+        shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
+        self.assertIn(applied["recovered"], [d["id"] for d in shown["drifts"]])
+
+    def test_a_store_inside_the_workspace_survives_restores(self):
+        srv = self.server()
+        inner = os.path.join(self.root, "cp-store")
+        res = srv.ok("tc_init", root=self.root, name="inner store", store=inner)
+        self.assertEqual(os.path.realpath(res["store"]), inner)
+        self.write("a.txt", "a v1\n")
+        self.save(srv, "one")
+        snap1 = snapshot(self.root, skip=(".checkpoints", ".git", "cp-store"))
+        self.write("a.txt", "a v2\n")
+        self.write("b.txt", "b\n")
+        self.save(srv, "two")
+        store_files = sorted(os.listdir(inner))
+        preview = self.restore_ok(srv, index=1)
+        for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
+            for path in paths_of(preview["plan"][key]):
+                self.assertFalse(path.startswith(("cp-store", ".task-checkpoint-store")), path)
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(snapshot(self.root, skip=(".checkpoints", ".git", "cp-store")), snap1)
+        self.assertTrue(set(store_files) <= set(os.listdir(inner)))
+        self.restore_ok(srv, index=2, apply=True)
+        self.assertEqual(self.read("b.txt"), b"b\n")
+        self.assert_health_ok(srv)
+
+    def test_an_external_store_and_its_pointer(self):
+        outside = os.path.join(self.tmp, "elsewhere")
+        os.makedirs(outside)
+        srv = self.server(env={"TC_STORE": outside})
+        res = srv.ok("tc_init", root=self.root, name="external store")
+        self.assertTrue(res["store_is_external"])
+        self.write("a.txt", "a v1\n")
+        self.save(srv, "one")
+        self.write("a.txt", "a v2\n")
+        self.save(srv, "two")
+        pointer = os.path.join(self.root, ".task-checkpoint-store.json")
+        self.assertTrue(os.path.isfile(pointer))
+        with open(pointer, "rb") as fh:
+            pointer_bytes = fh.read()
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(self.read("a.txt"), b"a v1\n")
+        with open(pointer, "rb") as fh:
+            self.assertEqual(fh.read(), pointer_bytes)
+        self.assertFalse(os.path.exists(self.store))
+        self.assertTrue(os.path.isdir(os.path.join(outside, "tasks")))
 
 
 class Refusals(RestoreTest):
@@ -349,16 +504,73 @@ class Refusals(RestoreTest):
         self.assertEqual(self.store_records(self.task_id), records)
 
 
+class BadArguments(RestoreTest):
+    """Refused before anything is read or written, with the argument named."""
+
+    def test_no_task_yet(self):
+        self.write("a.txt", "untracked\n")
+        srv = self.server()
+        listing = fingerprint(self.tmp)
+        for arguments in ({"index": 1}, {"index": 1, "apply": True}, {"drift_id": "d0001"}):
+            res = self.restore(srv, **arguments)
+            self.assertTrue(res.is_error, res)
+            self.assert_no_traceback(res)
+        self.assertEqual(fingerprint(self.tmp), listing)
+        self.assertFalse(os.path.exists(self.store))
+
+    def test_wrong_types_and_roots(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("a.txt", "v1\n")
+        self.save(srv, "one")
+        self.write("a.txt", "unsaved\n")
+        listing = fingerprint(self.tmp)
+        cases = [
+            ("index", {"root": self.root, "index": "1", "apply": True}),
+            ("apply", {"root": self.root, "index": 1, "apply": "yes"}),
+            ("drift_id", {"root": self.root, "drift_id": 1, "apply": True}),
+            ("index", {"root": self.root, "index": 0, "apply": True}),
+            ("index", {"root": self.root, "index": -1, "apply": True}),
+            ("root", {"root": "ws", "index": 1, "apply": True}),
+            ("root", {"root": os.path.join(self.tmp, "missing"), "index": 1, "apply": True}),
+            ("root", {"root": os.path.join(self.root, "a.txt"), "index": 1, "apply": True}),
+            ("root", {"index": 1, "apply": True}),
+            ("bogus", {"root": self.root, "index": 1, "apply": True, "bogus": 1}),
+        ]
+        for name, arguments in cases:
+            res = srv.call("tc_restore", **arguments)
+            self.assertTrue(res.is_error, (arguments, res))
+            self.assert_no_traceback(res)
+            self.assertIn(name, res.text, arguments)
+        self.assertEqual(fingerprint(self.tmp), listing)
+        self.assertEqual(self.read("a.txt"), b"unsaved\n")
+
+    def test_a_root_with_spaces_and_non_ascii_letters(self):
+        self.root = os.path.join(self.tmp, "my work \u00e9t\u00e9 \u6587")
+        os.makedirs(self.root)
+        srv = self.server()
+        self.init(srv)
+        self.write("a b/c d.txt", "spaces v1\n")
+        self.save(srv, "one")
+        snap1 = snapshot(self.root)
+        self.write("a b/c d.txt", "spaces v2\n")
+        self.write("e f.txt", "more\n")
+        self.save(srv, "two")
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(snapshot(self.root), snap1)
+
+
 class SensitiveFiles(RestoreTest):
 
     def test_sensitive_files_are_never_touched_and_never_stored(self):
         srv = self.server()
         task_id = self.init(srv)
-        markers = [secrets.token_hex(16) for _ in range(4)]
+        markers = [secrets.token_hex(16) for _ in range(5)]
         env1 = ("API_TOKEN=%s\n" % markers[0]).encode()
         env2 = ("API_TOKEN=%s\nEXTRA=%s\n" % (markers[1], markers[1])).encode()
         key = ("-----BEGIN KEY-----\n%s\n-----END KEY-----\n" % markers[2]).encode()
         config_secret = ('{"password": "%s"}\n' % markers[3]).encode()
+        aws = ("[default]\naws_secret_access_key = %s\n" % markers[4]).encode()
 
         self.write(".env", env1)
         self.write("config/secrets.json", config_secret)
@@ -370,6 +582,7 @@ class SensitiveFiles(RestoreTest):
 
         self.write(".env", env2)
         self.write("keys/id_rsa", key, mode=0o600)
+        self.write(".aws/credentials", aws)
         os.remove(os.path.join(self.root, "config", "secrets.json"))
         self.write("a.txt", "a v2\n")
         self.write("b.txt", "b new\n")
@@ -382,6 +595,7 @@ class SensitiveFiles(RestoreTest):
         touched = (paths_of(plan["to_delete"]) | paths_of(plan["to_write"])
                    | paths_of(plan["to_replace"]))
         self.assertFalse(touched & sensitive, plan)
+        self.assertFalse({p for p in touched if p.startswith(".aws")}, plan)
         self.assertIn("a.txt", paths_of(plan["to_replace"]))
         self.assertIn("b.txt", paths_of(plan["to_delete"]))
 
@@ -391,6 +605,7 @@ class SensitiveFiles(RestoreTest):
         self.assertEqual(self.read(".env"), env2)
         self.assertEqual(self.read("keys/id_rsa"), key)
         self.assertEqual(os.stat(os.path.join(self.root, "keys", "id_rsa")).st_mode & 0o777, 0o600)
+        self.assertEqual(self.read(".aws/credentials"), aws)
         self.assertFalse(os.path.exists(os.path.join(self.root, "config", "secrets.json")))
         # Everything else is back as it was at step 1.
         now = snapshot(self.root)
@@ -411,7 +626,7 @@ class SensitiveFiles(RestoreTest):
             for marker in markers:
                 self.assertNotIn(marker.encode(), data, "secret content stored in " + rel)
                 self.assertNotIn(marker, rel)
-            for secret in (env1, env2, key, config_secret):
+            for secret in (env1, env2, key, config_secret, aws):
                 self.assertNotIn(hashlib.sha256(secret).hexdigest().encode(), data,
                                  "a sensitive file's hash stored in " + rel)
         self.assertTrue(os.path.isdir(self.task_dir(task_id)))
@@ -474,6 +689,7 @@ class FailedApply(RestoreTest):
         srv = self.server()
         task_id = self.init(srv)
         self.write("a.txt", "a v1\n")
+        self.write("aa/deep/x.txt", "written before the obstacle is met\n")
         self.write("d", "d was a plain file at step 1\n")
         for i in range(20):
             self.write("many/%02d.txt" % i, "many v1 %d\n" % i)
@@ -481,6 +697,9 @@ class FailedApply(RestoreTest):
         snap1 = snapshot(self.root)
 
         os.remove(os.path.join(self.root, "d"))
+        os.remove(os.path.join(self.root, "aa", "deep", "x.txt"))
+        os.rmdir(os.path.join(self.root, "aa", "deep"))
+        os.rmdir(os.path.join(self.root, "aa"))
         self.write("a.txt", "a v2\n")
         for i in range(20):
             self.write("many/%02d.txt" % i, "many v2 %d\n" % i)
@@ -493,7 +712,10 @@ class FailedApply(RestoreTest):
         self.write("d/inner.txt", "unsaved inside d\n")
         self.write("d/node_modules/keep.js", "module.exports = 1;\n")
         self.write("many/05.txt", "many unsaved\n", mode=0o600)
+        self.write("zz/unsaved/u.txt", "deleted, then its folders pruned\n")
+        os.makedirs(os.path.join(self.root, "empty", "folder"))
         before = snapshot(self.root)
+        dirs_before = directories(self.root)
         head_before = self.head(srv)
         records = self.store_records(task_id)
 
@@ -502,6 +724,7 @@ class FailedApply(RestoreTest):
             self.assert_no_traceback(res)
             self.assertNotIn("\n", res.text.strip())
             self.assertEqual(snapshot(self.root), before)
+            self.assertEqual(directories(self.root), dirs_before)
             self.assertEqual(self.store_records(task_id), records)
             self.assertEqual(self.head(srv), head_before)
         else:

@@ -1,0 +1,181 @@
+"""Two server processes on one store at the same time.
+
+Each server is a real `tc_mcp.py` process driven from its own thread. The
+store lock must serialise them: step numbers stay unique and contiguous,
+every record parses, every step's record belongs to the save that got its
+number, and a restore running next to saves corrupts nothing.
+"""
+
+import hashlib
+import json
+import os
+import threading
+import unittest
+
+from support import WorkspaceTest, snapshot, write
+
+SAVES_PER_SERVER = 20
+
+
+def store_problems(store):
+    """JSON files that do not parse and payloads whose bytes miss their hash."""
+    problems = []
+    for dirpath, _dirnames, filenames in os.walk(store):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, store)
+            parts = rel.split(os.sep)
+            if name.endswith(".json"):
+                try:
+                    with open(full, "rb") as fh:
+                        json.loads(fh.read().decode("utf-8"))
+                except ValueError as exc:
+                    problems.append("%s does not parse: %s" % (rel, exc))
+            elif parts[0] == "payload" and len(parts) == 3 and len(name) == 64:
+                with open(full, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
+                if digest != name or parts[1] != name[:2]:
+                    problems.append("%s does not match its hash" % rel)
+    return problems
+
+
+def run_threads(*targets):
+    errors = []
+
+    def guarded(target):
+        try:
+            target()
+        except BaseException as exc:  # report every failure, not only the first
+            errors.append("%s: %r" % (getattr(target, "__name__", target), exc))
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    alive = [t for t in threads if t.is_alive()]
+    return errors + ["a worker never finished"] * len(alive)
+
+
+def paths_of(items):
+    return {item if isinstance(item, str) else item.get("path") for item in items or []}
+
+
+class TwoServers(WorkspaceTest):
+
+    def check_store(self, srv):
+        health = srv.ok("tc_resume", root=self.root)["health"]
+        self.assertTrue(health["ok"], health)
+        self.assertEqual(health["errors"], [])
+        self.assertEqual(store_problems(self.store), [])
+
+    def saver(self, srv, tag, results, count=SAVES_PER_SERVER):
+        def work():
+            for i in range(count):
+                write(self.root, "%s/file%02d.txt" % (tag, i), "%s wrote %d\n" % (tag, i))
+                write(self.root, "%s/latest.txt" % tag, "%s at %d\n" % (tag, i))
+                title = "%s save %d" % (tag, i)
+                res = srv.call("tc_save", root=self.root, title=title,
+                               conclusion="%s concluded %d" % (tag, i), next="%s next" % tag)
+                if res.is_error:
+                    raise AssertionError("%s refused: %s" % (title, res.text))
+                results.append((res["index"], title, res["task_id"]))
+        work.__name__ = "saver " + tag
+        return work
+
+    def test_parallel_saves_keep_unique_contiguous_numbers(self):
+        first = self.server()
+        second = self.server()
+        task_id = first.ok("tc_init", root=self.root, name="shared work")["task_id"]
+        write(self.root, "common.txt", "shared by both\n")
+        results_a, results_b = [], []
+        errors = run_threads(self.saver(first, "A", results_a),
+                             self.saver(second, "B", results_b))
+        self.assertEqual(errors, [])
+        everything = results_a + results_b
+        self.assertEqual({tid for _i, _t, tid in everything}, {task_id})
+        indices = [index for index, _t, _tid in everything]
+        self.assertEqual(sorted(indices), list(range(1, 2 * SAVES_PER_SERVER + 1)))
+        for results in (results_a, results_b):
+            own = [index for index, _t, _tid in results]
+            self.assertEqual(own, sorted(own), "one server's numbers went backwards")
+        self.check_store(first)
+
+        titles = {index: title for index, title, _tid in everything}
+        third = self.server()
+        shown = third.ok("tc_show", root=self.root, limit=200, include_drift=True)
+        drift_ids = [drift["id"] for drift in shown["drifts"]]
+        self.assertEqual(len(drift_ids), len(set(drift_ids)))
+        drift_files = os.listdir(os.path.join(self.store, "tasks", task_id, "drifts"))
+        self.assertEqual(sorted(name[:-5] for name in drift_files if name.endswith(".json")),
+                         sorted(drift_ids))
+        self.assertEqual(sorted(s["index"] for s in shown["steps"]), sorted(titles))
+        for step in shown["steps"]:
+            self.assertEqual(step["title"], titles[step["index"]])
+        for index in sorted(titles):
+            one = third.ok("tc_show", root=self.root, index=index)
+            self.assertEqual([s["index"] for s in one["steps"]], [index])
+            self.assertEqual(one["steps"][0]["title"], titles[index])
+
+        # Every step restores, and what it restores holds that save's own file.
+        for index, title, _tid in sorted(everything)[::5]:
+            third.ok("tc_restore", root=self.root, index=index, apply=True)
+            tag, _save, number = title.split()
+            self.assertEqual(snapshot(self.root)["%s/file%02d.txt" % (tag, int(number))][0],
+                             ("%s wrote %s\n" % (tag, number)).encode())
+            preview = third.ok("tc_restore", root=self.root, index=index)
+            for key in ("to_delete", "to_write", "to_replace"):
+                self.assertEqual(paths_of(preview["plan"][key]), set(), (index, key))
+        self.check_store(third)
+
+    def test_restore_on_one_server_while_the_other_saves(self):
+        restorer = self.server()
+        saver = self.server()
+        restorer.ok("tc_init", root=self.root, name="restore next to saves")
+        for i in range(30):
+            write(self.root, "base/f%02d.txt" % i, "base one %d\n" % i)
+        restorer.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        for i in range(30):
+            write(self.root, "base/f%02d.txt" % i, "base two %d, longer\n" % i)
+        write(self.root, "base/only-two.txt", "two\n")
+        restorer.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
+
+        recovered = []
+
+        def restore_back_and_forth():
+            for i in range(8):
+                res = restorer.call("tc_restore", root=self.root, index=1 + i % 2, apply=True)
+                if res.is_error:
+                    raise AssertionError("restore refused: " + res.text)
+                recovered.append(res["recovered"])
+
+        saved = []
+        errors = run_threads(restore_back_and_forth, self.saver(saver, "S", saved, count=10))
+        self.assertEqual(errors, [])
+        self.assertEqual(len(recovered), 8)
+        self.assertEqual(len(set(recovered)), 8)
+
+        checker = self.server()
+        self.check_store(checker)
+        shown = checker.ok("tc_show", root=self.root, include_drift=True, limit=200)
+        indices = sorted(step["index"] for step in shown["steps"])
+        self.assertEqual(indices, list(range(1, 13)))
+        self.assertEqual(sorted(index for index, _t, _tid in saved), list(range(3, 13)))
+
+        # Every step and every recovered record restores cleanly, and after
+        # each, the same preview has nothing left to do.
+        for arguments in [{"index": i} for i in indices] + [{"drift_id": d} for d in recovered]:
+            checker.ok("tc_restore", root=self.root, apply=True, **arguments)
+            preview = checker.ok("tc_restore", root=self.root, **arguments)
+            for key in ("to_delete", "to_write", "to_replace"):
+                self.assertEqual(paths_of(preview["plan"][key]), set(), (arguments, key))
+        checker.ok("tc_restore", root=self.root, index=1, apply=True)
+        now = snapshot(self.root)
+        for i in range(30):
+            self.assertEqual(now["base/f%02d.txt" % i][0], ("base one %d\n" % i).encode())
+        self.assertNotIn("base/only-two.txt", now)
+        self.check_store(checker)
+
+
+if __name__ == "__main__":
+    unittest.main()

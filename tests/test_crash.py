@@ -1,0 +1,307 @@
+"""SIGKILL at random moments during tc_save and tc_restore.
+
+The server is killed with no chance to clean up, at a seeded random delay
+after a request was sent. Whatever the moment, the next server must read the
+store correctly: health ok, every JSON record parses, every payload matches
+its hash, every acknowledged step restores byte-exact, and a restore that was
+cut off leaves the workspace either exactly as it was before the restore
+(unsaved edits included) or exactly at the restore's target, never a mix.
+
+Set CRASH_SEED to replay a run; the seed in use is part of every failure
+message.
+"""
+
+import hashlib
+import json
+import os
+import random
+import time
+import unittest
+
+from support import WorkspaceTest, snapshot
+
+SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
+
+
+def fill_workspace(root, rng, files=300, dirs=12, big=2, big_size=512 * 1024):
+    """A workspace that takes a save a noticeable moment: many files, a few MB."""
+    names = []
+    for i in range(files):
+        rel = "d%02d/sub%d/f%03d.dat" % (i % dirs, i % 3, i)
+        names.append(rel)
+    for i in range(big):
+        names.append("big/b%d.bin" % i)
+    for rel in names:
+        size = big_size if rel.startswith("big/") else rng.randrange(2000, 14000)
+        write_bytes(root, rel, rng.randbytes(size))
+    return names
+
+
+def write_bytes(root, rel, data, mode=None):
+    path = os.path.join(root, *rel.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(data)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
+def mutate(root, rng, names, tag, share=0.15):
+    """Rewrite a share of the files, delete a few, add a few (none saved)."""
+    for rel in rng.sample(names, int(len(names) * share)):
+        write_bytes(root, rel, rng.randbytes(rng.randrange(1000, 9000)))
+    for rel in rng.sample(names, 3):
+        path = os.path.join(root, *rel.split("/"))
+        if os.path.exists(path):
+            os.remove(path)
+    for i in range(3):
+        rel = "new/%s/n%d.txt" % (tag, i)
+        write_bytes(root, rel, ("%s %d %s\n" % (tag, i, rng.random())).encode())
+        names.append(rel)
+
+
+def send(srv, name, **arguments):
+    """Send a tools/call without waiting for its answer; returns its id."""
+    srv._id += 1
+    msg = {"jsonrpc": "2.0", "id": srv._id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}}
+    srv.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
+    return srv._id
+
+
+def kill_and_collect(srv, request_id):
+    """SIGKILL now; return the answer to request_id if it was already written."""
+    srv.proc.kill()
+    srv.proc.wait()
+    rest = srv.proc.stdout.read()
+    try:
+        srv.proc.stdin.close()
+    except OSError:
+        pass
+    srv.close()
+    for line in rest.splitlines():
+        try:
+            msg = json.loads(line.decode("utf-8"))
+        except ValueError:
+            continue
+        if msg.get("id") == request_id:
+            return msg
+    return None
+
+
+def store_problems(store):
+    """JSON files that do not parse and payloads whose bytes miss their hash."""
+    problems = []
+    for dirpath, _dirnames, filenames in os.walk(store):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, store)
+            parts = rel.split(os.sep)
+            if name.endswith(".json"):
+                try:
+                    with open(full, "rb") as fh:
+                        json.loads(fh.read().decode("utf-8"))
+                except ValueError as exc:
+                    problems.append("%s does not parse: %s" % (rel, exc))
+            elif parts[0] == "payload" and len(parts) == 3 and len(name) == 64:
+                digest = hashlib.sha256()
+                with open(full, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        digest.update(chunk)
+                if digest.hexdigest() != name or parts[1] != name[:2]:
+                    problems.append("%s does not match its hash" % rel)
+    return problems
+
+
+class CrashTest(WorkspaceTest):
+
+    def setUp(self):
+        super().setUp()
+        self.rng = random.Random(SEED)
+        self.seed_note = "CRASH_SEED=%d" % SEED
+
+    def save_args(self, title):
+        return dict(root=self.root, title=title, conclusion="reached " + title,
+                    next="after " + title)
+
+    def check_store(self, srv):
+        resume = srv.ok("tc_resume", root=self.root)
+        self.assertTrue(resume["health"]["ok"], (self.seed_note, resume["health"]))
+        self.assertEqual(resume["health"]["errors"], [], self.seed_note)
+        self.assertEqual(store_problems(self.store), [], self.seed_note)
+        return resume
+
+    def step_indices(self, srv):
+        shown = srv.ok("tc_show", root=self.root, limit=200)
+        return [step["index"] for step in shown["steps"]]
+
+    def newest_drift(self, srv):
+        shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
+        ids = []
+        for drift in shown["drifts"]:
+            for key in ("drift_id", "id"):
+                if isinstance(drift.get(key), str):
+                    ids.append(drift[key])
+                    break
+        return max(ids) if ids else None
+
+
+class KillDuringSave(CrashTest):
+
+    def test_acknowledged_steps_survive_sigkill_during_save(self):
+        names = fill_workspace(self.root, self.rng)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="crash during save")
+        first = srv.ok("tc_save", **self.save_args("baseline"))
+        self.assertEqual(first["index"], 1)
+        known = {1: snapshot(self.root)}
+        # A save with fresh content to store, timed for the random delays.
+        mutate(self.root, self.rng, names, "timed")
+        started = time.monotonic()
+        second = srv.ok("tc_save", **self.save_args("timed"))
+        took = max(time.monotonic() - started, 0.05)
+        self.assertEqual(second["index"], 2)
+        known[2] = snapshot(self.root)
+        acked = [1, 2]
+
+        for round_no in range(5):
+            mutate(self.root, self.rng, names, "r%d" % round_no)
+            state = snapshot(self.root)
+            request_id = send(srv, "tc_save", **self.save_args("round %d" % round_no))
+            delay = self.rng.uniform(0, took * 1.5)
+            time.sleep(delay)
+            answer = kill_and_collect(srv, request_id)
+            note = "%s round %d delay %.3f" % (self.seed_note, round_no, delay)
+
+            srv = self.server()
+            self.check_store(srv)
+            indices = self.step_indices(srv)
+            self.assertEqual(len(indices), len(set(indices)), note)
+            self.assertTrue(set(acked) <= set(indices), (note, acked, indices))
+            highest = max(known)
+            if answer is not None:
+                self.assertNotIn("error", answer, note)
+                index = answer["result"]["structuredContent"]["index"]
+                self.assertGreater(index, highest, note)
+                self.assertIn(index, indices, note)
+                acked.append(index)
+                known[index] = state
+            # A save cut off after its step record landed is a step too, and
+            # it must hold exactly the files of that moment.
+            unknown = set(indices) - set(known)
+            self.assertLessEqual(len(unknown), 1, (note, indices))
+            for index in unknown:
+                self.assertGreater(index, highest, note)
+                shown = srv.ok("tc_show", root=self.root, index=index)
+                self.assertEqual(shown["steps"][0]["title"], "round %d" % round_no, note)
+                known[index] = state
+
+        # One more ordinary save after all that: a fresh, higher number.
+        mutate(self.root, self.rng, names, "final")
+        final = srv.ok("tc_save", **self.save_args("after the crashes"))
+        self.assertGreater(final["index"], max(known))
+        known[final["index"]] = snapshot(self.root)
+        srv.close()
+
+        srv = self.server()
+        self.check_store(srv)
+        for index in sorted(known):
+            res = srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            self.assertTrue(res["applied"])
+            self.assertTrue(snapshot(self.root) == known[index],
+                            "%s: step %d does not restore byte-exact" % (self.seed_note, index))
+        self.check_store(srv)
+
+
+class KillDuringRestore(CrashTest):
+
+    def test_sigkill_during_restore_rolls_back_or_completes(self):
+        names = fill_workspace(self.root, self.rng)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="crash during restore")
+        srv.ok("tc_save", **self.save_args("one"))
+        steps = {1: snapshot(self.root)}
+        mutate(self.root, self.rng, names, "two", share=0.8)
+        srv.ok("tc_save", **self.save_args("two"))
+        steps[2] = snapshot(self.root)
+
+        # One acknowledged restore and its undo, timed for the random delays.
+        mutate(self.root, self.rng, names, "calibrate", share=0.1)
+        before = snapshot(self.root)
+        started = time.monotonic()
+        done = srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        took = max(time.monotonic() - started, 0.05)
+        self.assertEqual(snapshot(self.root), steps[1], self.seed_note)
+        srv.ok("tc_restore", root=self.root, drift_id=done["recovered"], apply=True)
+        self.assertEqual(snapshot(self.root), before, self.seed_note)
+        base = 2
+        recovery = took / 2  # how long a new server takes to roll a restore back
+
+        for round_no in range(6):
+            target = 1 if base == 2 else 2
+            mutate(self.root, self.rng, names, "u%d" % round_no, share=0.1)
+            write_bytes(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)
+            for i in range(60):
+                write_bytes(self.root, "scratch/r%d/%02d.txt" % (round_no, i), os.urandom(40))
+            before = snapshot(self.root)
+            request_id = send(srv, "tc_restore", root=self.root, index=target, apply=True)
+            delay = self.rng.uniform(0, took * 1.5)
+            time.sleep(delay)
+            answer = kill_and_collect(srv, request_id)
+            note = "%s round %d delay %.3f" % (self.seed_note, round_no, delay)
+
+            if round_no % 3 != 2:
+                # The next server dies too, somewhere inside its own clean-up
+                # of the abandoned restore: the one after it must finish it.
+                srv = self.server()
+                second_id = send(srv, "tc_show", root=self.root)
+                second_delay = self.rng.uniform(0, recovery * 1.2)
+                time.sleep(second_delay)
+                kill_and_collect(srv, second_id)
+                note += " then %.3f" % second_delay
+
+            srv = self.server()
+            started = time.monotonic()
+            shown = srv.call("tc_show", root=self.root)
+            recovery = max(recovery, time.monotonic() - started)
+            self.assertFalse(shown.is_error, (note, shown.text))
+            after = snapshot(self.root)
+            if answer is not None:
+                self.assertNotIn("error", answer, note)
+                self.assertTrue(after == steps[target],
+                                note + ": an acknowledged restore was undone")
+            elif after == before:
+                pass
+            else:
+                self.assertTrue(after == steps[target], "%s: workspace is a mix (%d files "
+                                "differ from before, %d from the target)" % (
+                                    note, differing(after, before), differing(after, steps[target])))
+            self.check_store(srv)
+
+            if after == steps[target]:
+                # Completed: the recovered record must undo it, unsaved edits included.
+                recovered = (answer["result"]["structuredContent"]["recovered"]
+                             if answer is not None else self.newest_drift(srv))
+                self.assertIsNotNone(recovered, note)
+                srv.ok("tc_restore", root=self.root, drift_id=recovered, apply=True)
+                self.assertTrue(snapshot(self.root) == before, note + ": undo lost bytes")
+                srv.ok("tc_restore", root=self.root, index=target, apply=True)
+                base = target
+
+        srv.close()
+        srv = self.server()
+        self.check_store(srv)
+        self.assertEqual(sorted(self.step_indices(srv)), [1, 2], self.seed_note)
+        for index in (1, 2):
+            srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            self.assertTrue(snapshot(self.root) == steps[index],
+                            "%s: step %d does not restore byte-exact" % (self.seed_note, index))
+
+
+def differing(one, other):
+    keys = set(one) | set(other)
+    return sum(1 for key in keys if one.get(key) != other.get(key))
+
+
+if __name__ == "__main__":
+    unittest.main()
