@@ -2086,7 +2086,7 @@ class Checkpoints:
                     else time.time_ns() - RACY_MARGIN_NS)
         scan = scan_tree(ws.root, self._policy(ws))
         index_doc = ws.records.read_index()
-        old_rows, stamp_ns = index_doc["files"], index_doc.get("stamp_ns", 0)
+        old_rows, old_stamp = index_doc["files"], index_doc.get("stamp_ns", 0)
         payloads = ws.store.payloads
         entries, rows, skipped, created = {}, {}, list(scan.skipped), []
         reads = 0
@@ -2097,7 +2097,7 @@ class Checkpoints:
                                               info.mtime_ns)
                 continue
             row = old_rows.get(rel)
-            if (self._trusted(row, info, stamp_ns) and row[6] != KIND_SENSITIVE
+            if (self._trusted(row, info, old_stamp) and row[6] != KIND_SENSITIVE
                     and not (verify_payloads and row[6] == KIND_FILE and not payloads.has(row[7]))):
                 rows[rel] = index_row(info, row[6], row[7])
                 entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)

@@ -114,6 +114,26 @@ class StatCacheTest(WorkspaceTest):
 
     # -- cases -------------------------------------------------------------
 
+    def test_unchanged_files_are_not_read_again(self):
+        """The cache must also work: a second look at an unchanged tree reads nothing."""
+        root = os.path.join(self.tmp, "quiet")
+        for number in range(40):
+            path = os.path.join(root, "d%d" % (number % 4), "f%d.txt" % number)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(b"content %d\n" % number)
+        self.srv.ok("tc_init", root=root, name="quiet", goal="stat cache")
+        self.srv.ok("tc_save", root=root, title="one")
+        # Any file the save saw as racily clean is settled by this capture...
+        self.srv.ok("tc_capture", root=root)
+        # ...so this one reads no file at all, and an edit costs one read.
+        self.assertEqual(self.srv.ok("tc_capture", root=root)["reads"], 0)
+        with open(os.path.join(root, "d1", "f1.txt"), "ab") as fh:
+            fh.write(b"more\n")
+        cap = self.srv.ok("tc_capture", root=root)
+        self.assertTrue(cap["captured"], cap)
+        self.assertEqual(cap["reads"], 1, cap)
+
     def test_mtime_put_back_with_os_utime(self):
         def edit(root, path, st):
             with open(path, "r+b") as fh:
