@@ -261,6 +261,22 @@ def write_json(path, obj, *, durable=True):
     atomic_write(path, dump_json(obj), durable=durable)
 
 
+# Where one call flushes a whole file system, store records are written
+# without an fsync each and made durable together at commit points
+# (``barrier``): before the state file that points at them, and before the
+# store lock is released, that is before a tool answers.
+BATCHED_SYNC = sys.platform.startswith("linux") or hasattr(os, "sync")
+
+
+def write_record(path, obj):
+    write_json(path, obj, durable=not BATCHED_SYNC)
+
+
+def barrier(directory):
+    if BATCHED_SYNC:
+        sync_filesystem(directory)
+
+
 def read_json(path):
     """Parse a store JSON file; a damaged one raises StoreCorrupt naming it."""
     try:
@@ -840,6 +856,37 @@ class PayloadStore:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
         os.chmod(dest, mode)
 
+    def import_file(self, src, dest, sha, mode):
+        """Copy src to the new file dest and, when missing, into the store, in
+        one read; both are discarded unless the bytes hash to sha."""
+        store_tmp = None
+        digest = hashlib.sha256()
+        try:
+            with open(src, "rb") as fh, open(dest, "xb") as out:
+                if not self.has(sha):
+                    fd, store_tmp = tempfile.mkstemp(prefix=".tmp-", dir=self._prefix_dir(sha))
+                    copy = os.fdopen(fd, "wb")
+                else:
+                    copy = None
+                with copy if copy else open(os.devnull, "wb") as extra:
+                    for block in iter(lambda: fh.read(CHUNK), b""):
+                        digest.update(block)
+                        out.write(block)
+                        extra.write(block)
+            if digest.hexdigest() != sha:
+                raise InvalidArgument("the package file %r changed while it was imported" % src)
+            os.chmod(dest, mode)
+            if store_tmp:
+                os.replace(store_tmp, self.path(sha))
+                self.pending.append(self.path(sha))
+                store_tmp = None
+        except BaseException:
+            remove_file(dest)
+            raise
+        finally:
+            if store_tmp:
+                remove_file(store_tmp)
+
     def read_verified(self, sha):
         with open(self.path(sha), "rb") as fh:
             data = fh.read()
@@ -926,7 +973,7 @@ class ManifestLog:
             changes.update({p: None for p in base_map if p not in new_map})
             doc = {"n": number, "full": False, "depth": depth, "base": base,
                    "changes": changes}
-        write_json(self.path(number), doc)
+        write_record(self.path(number), doc)
         self._remember(number, dict(new_map))
         return self.path(number)
 
@@ -1005,7 +1052,8 @@ class TaskRecords:
 
     def write_state(self, state):
         state["updated"] = now_iso()
-        write_json(self.state_path, state)
+        barrier(self.directory)  # everything the state points at is on disk first
+        write_record(self.state_path, state)
 
     def read_step(self, index):
         try:
@@ -1116,6 +1164,7 @@ class Journal:
     def begin(self, payloads_new=()):
         self.data["payloads_new"] = sorted(set(payloads_new))
         self.store.payloads.flush()
+        barrier(self.store.directory)  # backups and content before the plan
         write_json(os.path.join(self.directory, "plan.json"), self.data)
         self.started = True
 
@@ -1774,7 +1823,7 @@ class Store:
         return dict(active) if isinstance(active, dict) else {}
 
     def write_current(self, active):
-        write_json(self.current_path, {"format": 1, "active": active})
+        write_record(self.current_path, {"format": 1, "active": active})
 
     def journal_dirs(self):
         base = os.path.join(self.directory, "journal")
@@ -1820,6 +1869,7 @@ class Store:
 
     def end_write(self):
         if self._writing:
+            barrier(self.directory)
             remove_file(self.marker_path)
             self._writing = False
 
@@ -1832,7 +1882,32 @@ class Store:
             swept = sweep_temp_files(self.directory)
             if swept:
                 self.log("removed %d temporary file(s) left by an interrupted write" % swept)
+            for task_id in self.task_ids():
+                self.reconcile_numbers(task_id)
             remove_file(self.marker_path)
+
+    def reconcile_numbers(self, task_id):
+        """Count records a dead writer left beyond its state, so no number is reused.
+
+        A save cut off after its step (and the manifest and drift before it)
+        landed but before the state file moved leaves complete records; they
+        stay, and new records get numbers after them.
+        """
+        records = self.task(task_id)
+        try:
+            state = records.read_state()
+        except (NotFound, StoreCorrupt):
+            return
+        found = {"last_step": records.step_numbers(), "last_drift": records.drift_numbers(),
+                 "last_manifest": records._numbers("manifest", "m")}
+        changed = False
+        for key, numbers in found.items():
+            if numbers and numbers[-1] > state.get(key, 0):
+                state[key] = numbers[-1]
+                changed = True
+        if changed:
+            self.log("task %s: counted records left by an interrupted write" % task_id)
+            records.write_state(state)
 
 
 def sweep_temp_files(directory):
@@ -2149,7 +2224,7 @@ class Checkpoints:
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
                            head_before=head_before, reason=reason)
-        write_json(ws.records.drift_path(drift_no), drift)
+        write_record(ws.records.drift_path(drift_no), drift)
         state["last_drift"] = drift_no
         return drift
 
@@ -2315,7 +2390,7 @@ class Checkpoints:
                                  conclusion=conclusion, next_step=next_step, verified=verified,
                                  open_questions=open_questions, manifest=manifest_no,
                                  digest=digest, drift_id=drift_id, groups=result["groups"])
-            write_json(ws.records.step_path(index), new_step)
+            write_record(ws.records.step_path(index), new_step)
             state["last_step"] = state["head"] = index
             state["head_manifest"] = manifest_no
         if close:
@@ -2711,9 +2786,10 @@ class Checkpoints:
                 records, drift, _entries = drifts[key]
                 drift["compressed"] = True
                 drift["unrestorable"] = sorted(chosen[key])
-                write_json(records.drift_path(int(drift["id"][1:])), drift)
+                write_record(records.drift_path(int(drift["id"][1:])), drift)
                 freed.update(chosen[key] - needed)
             result["converted"] = len(chosen)
+            barrier(ws.store.directory)  # records say "reclaimed" before content goes
             result["bytes_freed"] = sum(payloads.delete(sha) for sha in sorted(freed))
         return result
 
@@ -2882,22 +2958,22 @@ class Checkpoints:
                 sha, _size, mode = payloads.put_file(full)
                 before = (sha, mode)
             journal.add_entry(rel, before)
-        for item in desc["files"]:
-            payloads.put_file(check_package_entry(package, "files/" + item["path"]))
         for sha in package_history_shas(desc):
             payloads.put_file(os.path.join(package, "history", "payload", sha))
+        new_payloads = payloads.pending[before_pending:] + [
+            payloads.path(f["sha256"]) for f in desc["files"] if not payloads.has(f["sha256"])]
         journal.data["created_dirs"] = missing_dirs(ws.root, [rel for rel, _ in targets])
         journal.data["temp_files"] = [journal.temp_name(full) for _rel, full in targets]
         journal.data["store_new_dirs"] = [os.path.relpath(ws.records.directory, ws.store.directory)]
         journal.backup_store_file(ws.store.current_path)
-        journal.begin(payloads_new=payloads.pending[before_pending:])
+        journal.begin(payloads_new=new_payloads)
         try:
-            self._import_apply(ws, journal, desc, targets)
+            self._import_apply(ws, journal, package, desc, targets)
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
 
-    def _import_apply(self, ws, journal, desc, targets):
+    def _import_apply(self, ws, journal, package, desc, targets):
         payloads = ws.store.payloads
         by_path = {f["path"]: f for f in desc["files"]}
         rows = {}
@@ -2906,12 +2982,14 @@ class Checkpoints:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             tmp = journal.temp_name(full)
             remove_file(tmp)
-            payloads.copy_out(item["sha256"], tmp, item["mode"] & 0o7777)
+            payloads.import_file(check_package_entry(package, "files/" + rel), tmp,
+                                 item["sha256"], item["mode"] & 0o7777)
             os.replace(tmp, full)
             st = os.lstat(full)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             rows[rel] = index_row(info, KIND_FILE, item["sha256"])
+        payloads.flush()
         state = self._import_records(ws, desc)
         ws.records.write_index({"stamp_ns": time.time_ns() - RACY_MARGIN_NS, "files": rows})
         ws.records.write_state(state)
@@ -2935,7 +3013,7 @@ class Checkpoints:
         for step, entries in steps:
             number = self._record_manifest(ws, state, entries)
             record = dict(step, manifest=number)
-            write_json(ws.records.step_path(record["index"]), record)
+            write_record(ws.records.step_path(record["index"]), record)
             state["last_step"] = max(state["last_step"], record["index"])
             if record["index"] == head:
                 state["head_manifest"] = number
