@@ -609,56 +609,64 @@ class ScanResult(typing.NamedTuple):
 
 
 def scan_tree(root, policy):
-    """Walk root without following symlinks; stat only, never read content."""
+    """Walk root without following symlinks; stat only, never read content.
+
+    The hot loop of every save, capture and watcher tick: name decisions come
+    from the policy's per-name caches, and nothing but one stat per file is
+    asked of the file system.
+    """
     started = time.time_ns()
-    files = {}
-    skipped = []
+    files, skipped = {}, []
+    excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
+    sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
+    is_regular, file_mode = stat_mod.S_ISREG, stat_mod.S_IMODE
     stack = [("", False)]
     while stack:
         prefix, in_sensitive = stack.pop()
-        directory = os.path.join(root, prefix) if prefix else root
         try:
-            it = os.scandir(directory)
+            it = os.scandir(os.path.join(root, prefix) if prefix else root)
         except OSError as exc:
-            skipped.append({"path": prefix or ".", "reason": "unreadable directory: %s"
-                            % (exc.strerror or exc.__class__.__name__)})
+            skipped.append({"path": prefix.rstrip("/") or ".", "reason": "unreadable "
+                            "directory: %s" % (exc.strerror or exc.__class__.__name__)})
             continue
         with it:
             for entry in it:
-                _scan_entry(entry, prefix, in_sensitive, policy, files, skipped, stack)
+                name = entry.name
+                if excluded(name):
+                    continue
+                rel = prefix + name
+                if not name.isascii() and not utf8_name(name):
+                    skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
+                                    "reason": "name is not valid UTF-8"})
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if rel != store_rel:
+                            stack.append((rel + "/", in_sensitive or sensitive_dir(name)))
+                        continue
+                    if entry.is_symlink():
+                        skipped.append({"path": rel, "reason": "symlink (not followed)"})
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError as exc:
+                    skipped.append({"path": rel, "reason": "unreadable: %s"
+                                    % (exc.strerror or exc)})
+                    continue
+                if not is_regular(st.st_mode):
+                    skipped.append({"path": rel, "reason": "not a regular file"})
+                    continue
+                files[rel] = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                      st.st_dev, file_mode(st.st_mode),
+                                      in_sensitive or sensitive_file(name))
     return ScanResult(files, skipped, started)
 
 
-def _scan_entry(entry, prefix, in_sensitive, policy, files, skipped, stack):
-    name = entry.name
-    rel = prefix + "/" + name if prefix else name
-    if policy.excluded_name(name):
-        return
+def utf8_name(name):
     try:
         name.encode("utf-8")
+        return True
     except UnicodeEncodeError:
-        skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
-                        "reason": "name is not valid UTF-8"})
-        return
-    if policy.store_rel and rel == policy.store_rel:
-        return
-    try:
-        if entry.is_symlink():
-            skipped.append({"path": rel, "reason": "symlink (not followed)"})
-            return
-        if entry.is_dir(follow_symlinks=False):
-            stack.append((rel, in_sensitive or policy.sensitive_dir(name)))
-            return
-        st = entry.stat(follow_symlinks=False)
-    except OSError as exc:
-        skipped.append({"path": rel, "reason": "unreadable: %s" % (exc.strerror or exc)})
-        return
-    if not stat_mod.S_ISREG(st.st_mode):
-        skipped.append({"path": rel, "reason": "not a regular file"})
-        return
-    files[rel] = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                          st.st_dev, stat_mod.S_IMODE(st.st_mode),
-                          in_sensitive or policy.sensitive_file(name))
+        return False
 
 
 def stat_key(info):
@@ -733,6 +741,24 @@ class PayloadStore:
 
     def has(self, sha):
         return os.path.isfile(self.path(sha))
+
+    def missing(self, shas):
+        """The shas with no stored content: one listing per prefix directory
+        rather than one stat per file."""
+        by_prefix = {}
+        for sha in shas:
+            by_prefix.setdefault(sha[:2], []).append(sha)
+        out = []
+        for prefix, group in by_prefix.items():
+            if len(group) < 4:
+                out.extend(sha for sha in group if not self.has(sha))
+                continue
+            try:
+                names = set(os.listdir(os.path.join(self.directory, prefix)))
+            except OSError:
+                names = set()
+            out.extend(sha for sha in group if sha not in names)
+        return out
 
     def size(self, sha):
         try:
@@ -2566,8 +2592,9 @@ class Checkpoints:
             entries = ws.records.manifests.load(step["manifest"])
         except CheckpointError as exc:
             return [str(exc)]
-        missing = [p for p, e in entries.items()
-                   if e[0] == KIND_FILE and not ws.store.payloads.has(e[1])]
+        lost = set(ws.store.payloads.missing({e[1] for e in entries.values()
+                                              if e[0] == KIND_FILE}))
+        missing = [p for p, e in entries.items() if e[0] == KIND_FILE and e[1] in lost]
         if missing:
             return ["content of %d file(s) of step %d is missing from the store, e.g. %r"
                     % (len(missing), state["head"], sorted(missing)[0])]
