@@ -1199,6 +1199,9 @@ class Journal:
         return sibling_temp(full, self.op_id)
 
     def finish(self):
+        # The plan goes first: a journal without its plan is never rolled back.
+        remove_file(os.path.join(self.directory, "plan.json"))
+        fsync_dir(self.directory)
         shutil.rmtree(self.directory, ignore_errors=True)
         fsync_dir(os.path.dirname(self.directory))
         remove_empty_dir(os.path.dirname(self.directory))
@@ -1217,7 +1220,7 @@ def _put_back(payloads, full, before):
     sha, mode = before
     if os.path.isfile(full) and not os.path.islink(full):
         try:
-            if os.path.getsize(full) == payloads.size(sha) and hash_file(full)[0] == sha:
+            if hash_file(full)[0] == sha:
                 os.chmod(full, mode)
                 return
         except OSError:
@@ -1272,8 +1275,15 @@ def rollback_journal(store, directory, data=None):
         if backup is None:
             remove_file(target)
         else:
-            with open(os.path.join(directory, backup), "rb") as fh:
-                atomic_write(target, fh.read())
+            try:
+                with open(os.path.join(directory, backup), "rb") as fh:
+                    atomic_write(target, fh.read())
+            except FileNotFoundError:  # damaged journal: keep the current file
+                store.log("journal %s lacks its backup of %s" % (directory, rel))
+    # Workspace and records are back: drop the plan, so a crash from here on
+    # leaves at most unreferenced content, never a rollback that cannot finish.
+    remove_file(os.path.join(directory, "plan.json"))
+    fsync_dir(directory)
     for path in data["payloads_new"]:
         remove_file(path)
         remove_empty_dir(os.path.dirname(path))

@@ -182,7 +182,8 @@ class KillDuringSave(CrashTest):
             if answer is not None:
                 self.assertNotIn("error", answer, note)
                 index = answer["result"]["structuredContent"]["index"]
-                self.assertGreater(index, highest, note)
+                self.assertGreater(index, highest, "%s: step %d was already listed by tc_show "
+                                   "and got reused by a new save" % (note, index))
                 self.assertIn(index, indices, note)
                 acked.append(index)
                 known[index] = state
@@ -194,6 +195,9 @@ class KillDuringSave(CrashTest):
                 self.assertGreater(index, highest, note)
                 shown = srv.ok("tc_show", root=self.root, index=index)
                 self.assertEqual(shown["steps"][0]["title"], "round %d" % round_no, note)
+                preview = srv.call("tc_restore", root=self.root, index=index)
+                self.assertFalse(preview.is_error, "%s: tc_show lists step %d but tc_restore "
+                                 "says: %s" % (note, index, preview.text))
                 known[index] = state
 
         # One more ordinary save after all that: a fresh, higher number.
@@ -241,8 +245,8 @@ class KillDuringRestore(CrashTest):
             target = 1 if base == 2 else 2
             mutate(self.root, self.rng, names, "u%d" % round_no, share=0.1)
             write_bytes(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)
-            for i in range(60):
-                write_bytes(self.root, "scratch/r%d/%02d.txt" % (round_no, i), os.urandom(40))
+            for i in range(250):
+                write_bytes(self.root, "scratch/r%d/%03d.txt" % (round_no, i), os.urandom(40))
             before = snapshot(self.root)
             request_id = send(srv, "tc_restore", root=self.root, index=target, apply=True)
             delay = self.rng.uniform(0, took * 1.5)

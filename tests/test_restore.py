@@ -227,8 +227,8 @@ class RoundTrip(RestoreTest):
         recovered = applied["recovered"]
         self.assertIsInstance(recovered, str)
         self.assertRegex(recovered, DRIFT_ID)
-        self.assertEqual(paths_of(applied["plan"]["to_delete"]), paths_of(plan["to_delete"]))
-        self.assertEqual(paths_of(applied["plan"]["to_write"]), paths_of(plan["to_write"]))
+        for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
+            self.assertEqual(paths_of(applied["plan"][key]), paths_of(plan[key]), key)
         self.assertEqual(snapshot(self.root), snap2)
         self.assertEqual(self.head(srv), 2)
         self.assertFalse(os.path.exists(os.path.join(self.root, "notes", "unsaved.txt")))
