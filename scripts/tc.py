@@ -882,6 +882,27 @@ class PayloadStore:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
         os.chmod(dest, mode)
 
+    def write_over(self, sha, dest, mode):
+        """Write the payload into dest in place (created or truncated) and verify it.
+
+        No staging copy: callers journal dest first, so a failure or a crash
+        midway is undone by the journal's rollback.
+        """
+        try:
+            src = open(self.path(sha), "rb")
+        except FileNotFoundError:
+            raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_BINARY", 0))
+        digest = hashlib.sha256()
+        with src, os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
+            for block in iter(lambda: src.read(CHUNK), b""):
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != sha:
+            raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
+        os.chmod(dest, mode)
+
     def import_file(self, src, dest, sha, mode):
         """Copy src to the new file dest and, when missing, into the store, in
         one read; both are discarded unless the bytes hash to sha."""
@@ -2769,13 +2790,14 @@ class Checkpoints:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             if os.path.isdir(full) and not os.path.islink(full):
                 os.rmdir(full)  # only an empty directory may give way to a file
-            tmp = journal.temp_name(full)
-            remove_file(tmp)
-            payloads.copy_out(sha, tmp, mode)
             try:
-                os.replace(tmp, full)
-            except PermissionError:
-                os.chmod(full, stat_mod.S_IWRITE | stat_mod.S_IREAD)
+                if linked_elsewhere(full):
+                    raise PermissionError("hard-linked")  # writing through would change the other names
+                payloads.write_over(sha, full, mode)
+            except PermissionError:  # read-only or hard-linked: replace the name instead
+                tmp = journal.temp_name(full)
+                remove_file(tmp)
+                payloads.copy_out(sha, tmp, mode)
                 os.replace(tmp, full)
 
     @staticmethod
@@ -3119,6 +3141,13 @@ def package_history_shas(desc):
                     raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
                 shas.add(value[1])
     return sorted(shas)
+
+
+def linked_elsewhere(path):
+    try:
+        return os.lstat(path).st_nlink > 1
+    except OSError:
+        return False
 
 
 def same_content(have, want):

@@ -437,6 +437,25 @@ class Shapes(RestoreTest):
         self.assertTrue(os.path.isdir(os.path.join(outside, "tasks")))
 
 
+class HardLinks(RestoreTest):
+
+    def test_a_file_hard_linked_from_outside_is_replaced_not_written_through(self):
+        outside = os.path.join(self.tmp, "outside.txt")
+        with open(outside, "wb") as fh:
+            fh.write(b"shared v1\n")
+        os.link(outside, os.path.join(self.root, "linked.txt"))
+        srv = self.server()
+        self.init(srv)
+        self.save(srv, "one")
+        with open(os.path.join(self.root, "linked.txt"), "wb") as fh:
+            fh.write(b"shared v2\n")  # writes through the link, as editors may
+        self.save(srv, "two")
+        self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(self.read("linked.txt"), b"shared v1\n")
+        with open(outside, "rb") as fh:
+            self.assertEqual(fh.read(), b"shared v2\n", "a restore changed a file outside the workspace")
+
+
 class Refusals(RestoreTest):
 
     def setUp(self):
