@@ -904,12 +904,15 @@ class PayloadStore:
         os.chmod(dest, mode)
 
     def import_file(self, src, dest, sha, mode):
-        """Copy src to the new file dest and, when missing, into the store, in
-        one read; both are discarded unless the bytes hash to sha."""
+        """Copy src into dest (created or truncated in place) and, when missing,
+        into the store, in one read. The store copy is kept only if the bytes
+        hash to sha; dest is journaled by the caller, whose rollback undoes it."""
         store_tmp = None
         digest = hashlib.sha256()
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_BINARY", 0))
         try:
-            with open(src, "rb") as fh, open(dest, "xb") as out:
+            with open(src, "rb") as fh, os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
                 if not self.has(sha):
                     fd, store_tmp = tempfile.mkstemp(prefix=".tmp-", dir=self._prefix_dir(sha))
                     copy = os.fdopen(fd, "wb")
@@ -927,9 +930,6 @@ class PayloadStore:
                 os.replace(store_tmp, self.path(sha))
                 self.pending.append(self.path(sha))
                 store_tmp = None
-        except BaseException:
-            remove_file(dest)
-            raise
         finally:
             if store_tmp:
                 remove_file(store_tmp)
@@ -3039,11 +3039,16 @@ class Checkpoints:
         for rel, full in targets:
             item = by_path[rel]
             os.makedirs(os.path.dirname(full), exist_ok=True)
-            tmp = journal.temp_name(full)
-            remove_file(tmp)
-            payloads.import_file(check_package_entry(package, "files/" + rel), tmp,
-                                 item["sha256"], item["mode"] & 0o7777)
-            os.replace(tmp, full)
+            src = check_package_entry(package, "files/" + rel)
+            if os.path.isdir(full) and not os.path.islink(full):
+                os.rmdir(full)  # only an empty directory may give way to a file
+            if os.path.lexists(full) and (linked_elsewhere(full) or not os.access(full, os.W_OK)):
+                tmp = journal.temp_name(full)
+                remove_file(tmp)
+                payloads.import_file(src, tmp, item["sha256"], item["mode"] & 0o7777)
+                os.replace(tmp, full)
+            else:
+                payloads.import_file(src, full, item["sha256"], item["mode"] & 0o7777)
             st = os.lstat(full)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
