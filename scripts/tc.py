@@ -2423,6 +2423,7 @@ class Checkpoints:
     def _commit_step(self, ws, state, title, description, conclusion, next_step,
                      verified, open_questions, close):
         """The save pipeline: payloads -> (drift) -> manifest -> step -> state -> index."""
+        state_before = dict(state)
         old_index = ws.records.read_index()
         snap = self._snapshot(ws, store_content=True)
         old_entries = recorded_entries(old_index)
@@ -2453,7 +2454,8 @@ class Checkpoints:
         if close:
             state["status"] = "closed"
             state["closed"] = now_iso()
-        ws.records.write_state(state)
+        if state != state_before:  # an idempotent save leaves the state file alone
+            ws.records.write_state(state)
         self._write_index(ws, snap, old_index)
         result.update({"index": index, "idempotent": idempotent, "closed": close,
                        "status": state["status"]})
