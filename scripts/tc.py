@@ -211,9 +211,8 @@ def describe_os_error(exc):
 # 3. File-system basics
 # ---------------------------------------------------------------------------
 
-def fsync_dir(path):
-    if os.name != "posix":
-        return
+def fsync_path(path):
+    """fsync a file or (on POSIX) a directory by name; best effort."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -224,6 +223,11 @@ def fsync_dir(path):
         pass
     finally:
         os.close(fd)
+
+
+def fsync_dir(path):
+    if os.name == "posix":
+        fsync_path(path)
 
 
 def atomic_write(path, data, *, durable=True):
@@ -854,14 +858,7 @@ class PayloadStore:
         if len(pending) > 1 and sync_filesystem(self.directory):
             return
         for path in pending:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(path)
 
     def copy_out(self, sha, dest, mode):
         """Write the payload to dest (a new file), verifying its hash."""
@@ -1533,19 +1530,10 @@ class BlobCache:
     def save(self):
         if not self.dirty:
             return
-        directory = os.path.dirname(self.path)
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".blobs-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": 1, "repos": self._all}, fh, separators=(",", ":"))
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        # A cache: losing it to a crash only costs hashing blobs again.
+        atomic_write(self.path, json.dumps({"version": 1, "repos": self._all},
+                                           separators=(",", ":")).encode("utf-8"),
+                     durable=False)
         self.dirty = False
 
 

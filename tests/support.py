@@ -5,6 +5,7 @@ way an MCP client does: one JSON-RPC message per line on stdin, one response
 line per request on stdout.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -224,6 +225,46 @@ def make_git_repo(root, commit=True):
         git(root, "add", "README.txt")
         git(root, "commit", "-q", "-m", "initial")
     return root
+
+
+def store_problems(store):
+    """JSON files that do not parse and payloads whose bytes miss their hash."""
+    problems = []
+    for dirpath, _dirnames, filenames in os.walk(store):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, store)
+            parts = rel.split(os.sep)
+            if name.endswith(".json"):
+                try:
+                    with open(full, "rb") as fh:
+                        json.loads(fh.read().decode("utf-8"))
+                except ValueError as exc:
+                    problems.append("%s does not parse: %s" % (rel, exc))
+            elif parts[0] == "payload" and len(parts) == 3 and len(name) == 64:
+                with open(full, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
+                if digest != name or parts[1] != name[:2]:
+                    problems.append("%s does not match its hash" % rel)
+    return problems
+
+
+def drift_key(record):
+    for key in ("id", "drift_id"):
+        if key in record:
+            return record[key]
+    raise AssertionError("drift record without an id: %r" % (record,))
+
+
+def drift_paths(record, kind):
+    """The sorted paths a drift record lists as added, modified or deleted."""
+    if kind in record:
+        value = record[kind]
+    elif isinstance(record.get("changes"), dict) and kind in record["changes"]:
+        value = record["changes"][kind]
+    else:
+        raise AssertionError("drift record has no %r list: %r" % (kind, record))
+    return sorted(e if isinstance(e, str) else e["path"] for e in value)
 
 
 class WorkspaceTest(unittest.TestCase):

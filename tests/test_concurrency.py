@@ -12,31 +12,9 @@ import os
 import threading
 import unittest
 
-from support import WorkspaceTest, snapshot, write
+from support import WorkspaceTest, snapshot, store_problems, write
 
 SAVES_PER_SERVER = 20
-
-
-def store_problems(store):
-    """JSON files that do not parse and payloads whose bytes miss their hash."""
-    problems = []
-    for dirpath, _dirnames, filenames in os.walk(store):
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, store)
-            parts = rel.split(os.sep)
-            if name.endswith(".json"):
-                try:
-                    with open(full, "rb") as fh:
-                        json.loads(fh.read().decode("utf-8"))
-                except ValueError as exc:
-                    problems.append("%s does not parse: %s" % (rel, exc))
-            elif parts[0] == "payload" and len(parts) == 3 and len(name) == 64:
-                with open(full, "rb") as fh:
-                    digest = hashlib.sha256(fh.read()).hexdigest()
-                if digest != name or parts[1] != name[:2]:
-                    problems.append("%s does not match its hash" % rel)
-    return problems
 
 
 def run_threads(*targets):

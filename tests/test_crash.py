@@ -18,7 +18,7 @@ import random
 import time
 import unittest
 
-from support import WorkspaceTest, snapshot
+from support import WorkspaceTest, snapshot, store_problems
 
 SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
 
@@ -87,30 +87,6 @@ def kill_and_collect(srv, request_id):
         if msg.get("id") == request_id:
             return msg
     return None
-
-
-def store_problems(store):
-    """JSON files that do not parse and payloads whose bytes miss their hash."""
-    problems = []
-    for dirpath, _dirnames, filenames in os.walk(store):
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, store)
-            parts = rel.split(os.sep)
-            if name.endswith(".json"):
-                try:
-                    with open(full, "rb") as fh:
-                        json.loads(fh.read().decode("utf-8"))
-                except ValueError as exc:
-                    problems.append("%s does not parse: %s" % (rel, exc))
-            elif parts[0] == "payload" and len(parts) == 3 and len(name) == 64:
-                digest = hashlib.sha256()
-                with open(full, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        digest.update(chunk)
-                if digest.hexdigest() != name or parts[1] != name[:2]:
-                    problems.append("%s does not match its hash" % rel)
-    return problems
 
 
 class CrashTest(WorkspaceTest):

@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from support import WorkspaceTest, snapshot, tree_listing
+from support import WorkspaceTest, drift_key, drift_paths, snapshot, tree_listing
 
 WATCH_ON = {"TC_WATCH": "on", "TC_WATCH_INTERVAL": "1", "TC_DRIFT_MAX_WAIT": "3"}
 WATCH_OFF = {"TC_WATCH": "off", "TC_WATCH_INTERVAL": "1", "TC_DRIFT_MAX_WAIT": "3"}
@@ -31,24 +31,6 @@ def wait_for(predicate, timeout, interval=0.2):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
-
-
-def drift_key(record):
-    for key in ("id", "drift_id"):
-        if key in record:
-            return record[key]
-    raise AssertionError("drift record without an id: %r" % (record,))
-
-
-def drift_paths(record, kind):
-    """The sorted paths a drift record lists as added, modified or deleted."""
-    if kind in record:
-        value = record[kind]
-    elif isinstance(record.get("changes"), dict) and kind in record["changes"]:
-        value = record["changes"][kind]
-    else:
-        raise AssertionError("drift record has no %r list: %r" % (kind, record))
-    return sorted(e if isinstance(e, str) else e["path"] for e in value)
 
 
 def entry_paths(entries):

@@ -12,28 +12,11 @@ import os
 import subprocess
 import unittest
 
-from support import WorkspaceTest
+from support import WorkspaceTest, drift_key, drift_paths
 
 ORIGINAL = b"original content: 0123456789abcdef\n"
 EDITED = b"edited!! content: fedcba9876543210\n"
 assert len(ORIGINAL) == len(EDITED)
-
-
-def drift_key(record):
-    for key in ("id", "drift_id"):
-        if key in record:
-            return record[key]
-    raise AssertionError("drift record without an id: %r" % (record,))
-
-
-def drift_paths(record, kind):
-    if kind in record:
-        value = record[kind]
-    elif isinstance(record.get("changes"), dict) and kind in record["changes"]:
-        value = record["changes"][kind]
-    else:
-        raise AssertionError("drift record has no %r list: %r" % (kind, record))
-    return sorted(e if isinstance(e, str) else e["path"] for e in value)
 
 
 class StatCacheTest(WorkspaceTest):
