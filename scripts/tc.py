@@ -3007,7 +3007,7 @@ class Checkpoints:
                 sha, _size, mode = payloads.put_file(full)
                 before = (sha, mode)
             journal.add_entry(rel, before)
-        for sha in package_history_shas(desc):
+        for sha in carried_history_shas(package, desc):
             payloads.put_file(os.path.join(package, "history", "payload", sha))
         new_payloads = payloads.pending[before_pending:] + [
             payloads.path(f["sha256"]) for f in desc["files"] if not payloads.has(f["sha256"])]
@@ -3120,7 +3120,7 @@ def _check_description(package, desc):
             normalize_rel(rel)
             if len(value) != 5 or value[0] not in (KIND_FILE, KIND_SENSITIVE, KIND_BIG):
                 raise InvalidArgument("the package history entry %r is malformed" % rel)
-    for sha in package_history_shas(desc):
+    for sha in carried_history_shas(package, desc):
         full = check_package_entry(package, "history/payload/" + sha)
         if hash_file(full)[0] != sha:
             raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
@@ -3136,6 +3136,14 @@ def package_history_shas(desc):
                     raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
                 shas.add(value[1])
     return sorted(shas)
+
+
+def carried_history_shas(package, desc):
+    """History content the package carries. A step whose content was already
+    gone when it was exported is imported too; its missing files are then
+    reported as unrestorable, like at the source."""
+    return [sha for sha in package_history_shas(desc)
+            if os.path.lexists(os.path.join(package, "history", "payload", sha))]
 
 
 def linked_elsewhere(path):

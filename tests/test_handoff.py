@@ -276,6 +276,27 @@ class ExportImportTest(HandoffBase):
             self.assertEqual(file_bytes(target), states[index], "step %d" % index)
 
 
+class LostContentTest(HandoffBase):
+
+    def test_history_with_content_already_lost_still_imports(self):
+        """A step whose stored content was lost at the source travels anyway;
+        only that content is unrestorable on the receiving side, as at home."""
+        srv = self.server()
+        self.make_source(srv)
+        self.write("src/app.py", "print('step two')\n")
+        srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n2")
+        old_sha = hashlib.sha256(b"print('hello')\r\n").hexdigest()
+        os.remove(os.path.join(self.store, "payload", old_sha[:2], old_sha))
+        res = self.export(srv, history=True)
+        target = os.path.join(self.other_dir(), "ws")
+        os.makedirs(target)
+        dst = self.server()
+        dst.ok("tc_import", root=target, package=res["path"])
+        plan = dst.ok("tc_restore", root=target, index=1)["plan"]
+        self.assertEqual([u["path"] for u in plan["unrestorable"]], ["src/app.py"])
+        self.assertIn("README.md", json.dumps(dst.ok("tc_show", root=target, index=1)))
+
+
 class CraftedPackageTest(HandoffBase):
     """Every malformed package is refused before anything is written."""
 
