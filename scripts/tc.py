@@ -458,7 +458,28 @@ def validate_root(root):
         raise InvalidArgument("root %r is not a directory" % root)
     if os.path.dirname(real) == real:
         raise InvalidArgument("root %r is the filesystem root; pass a project directory" % root)
+    store = enclosing_store(real)
+    if store:
+        raise InvalidArgument("root %r lies inside the checkpoint store %r; pass the project "
+                              "directory instead" % (root, store))
     return real
+
+
+def looks_like_store(path):
+    return (os.path.isfile(os.path.join(path, "state.lock"))
+            and os.path.isdir(os.path.join(path, "tasks")))
+
+
+def enclosing_store(path):
+    """The checkpoint store that is path or contains it, or None."""
+    current = path
+    while True:
+        if os.path.basename(current) == STORE_DIRNAME or looks_like_store(current):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
 
 
 def validate_abs_dir(value, name):
@@ -2127,7 +2148,7 @@ class Checkpoints:
 
     @staticmethod
     def _checked_store_path(root, store, name):
-        if not isinstance(store, str) or not os.path.isabs(store):
+        if not isinstance(store, str) or "\x00" in store or not os.path.isabs(store):
             raise InvalidArgument("%s %r must be an absolute path" % (name, store))
         real = os.path.realpath(store)
         if real == root:

@@ -510,7 +510,8 @@ class Server:
     def handle_line(self, raw):
         """One input line -> the response object, or None for a notification."""
         try:
-            message = json.loads(raw.decode("utf-8"))
+            message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant,
+                                 parse_float=finite_float)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             return error_response(None, PARSE_ERROR, "parse error: %s" % type(exc).__name__)
         if isinstance(message, list):
@@ -535,8 +536,10 @@ class Server:
         params = message.get("params", {})
         handler = self.methods.get(method)
         if not has_id:
-            if handler and not method.startswith("notifications/"):
-                self.dispatch(handler, params, method)
+            # Notifications are never answered; a request method sent without
+            # an id (a client bug) is not run, so it cannot change anything.
+            if handler is not None:
+                self.log("ignored %r sent as a notification (it needs an id)" % method)
             return None
         if handler is None:
             return error_response(msg_id, METHOD_NOT_FOUND, "method %r not found" % method)
@@ -563,6 +566,17 @@ def valid_id(value):
     return value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
 
 
+def reject_constant(name):
+    raise ValueError("%s is not JSON" % name)
+
+
+def finite_float(text):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("number %s is out of range" % text[:40])
+    return value
+
+
 def one_line(text):
     return " ".join(text.split())
 
@@ -574,10 +588,10 @@ def error_response(msg_id, code, message):
 def encode(message):
     """One UTF-8 line; text that UTF-8 cannot carry (lone surrogates) is escaped."""
     try:
-        text = json.dumps(message, ensure_ascii=False)
+        text = json.dumps(message, ensure_ascii=False, allow_nan=False)
         return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:
-        return json.dumps(message).encode("ascii") + b"\n"
+        return json.dumps(message, allow_nan=False).encode("ascii") + b"\n"
     except (TypeError, ValueError, RecursionError):
         text = json.dumps(error_response(message.get("id"), INTERNAL_ERROR,
                                          "result could not be encoded"))
