@@ -418,7 +418,7 @@ def normalize_rel(rel):
     """Validate a workspace-relative path; return it in posix form."""
     if not isinstance(rel, str) or not rel or "\x00" in rel:
         raise UnsafePath("path %r is empty or not a string" % (rel,))
-    text = rel.replace("\\", "/")
+    text = rel.replace("\\", "/") if os.sep == "\\" else rel
     if text.startswith("/") or re.match(r"^[A-Za-z]:", text):
         raise UnsafePath("path %r is absolute; only workspace-relative paths are allowed" % rel)
     parts = text.split("/")
@@ -463,6 +463,17 @@ def validate_root(root):
         raise InvalidArgument("root %r lies inside the checkpoint store %r; pass the project "
                               "directory instead" % (root, store))
     return real
+
+
+def store_or_empty(path):
+    """True for a missing or empty directory, or one that already is a store."""
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return not names or "state.lock" in names or "tasks" in names
 
 
 def looks_like_store(path):
@@ -732,6 +743,11 @@ def hash_file(path, *, limit=None):
 # 6. Payload store: the only code that knows payload/<sha[:2]>/<sha>
 # ---------------------------------------------------------------------------
 
+# Open for writing in place: never through a symlink, never blocking on a FIFO.
+WRITE_OVER_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+                    | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+
+
 def sync_filesystem(directory):
     """Flush the file system holding directory in one call (Linux syncfs,
     else a global sync); False where neither exists."""
@@ -910,8 +926,7 @@ class PayloadStore:
             src = open(self.path(sha), "rb")
         except FileNotFoundError:
             raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
-        flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_BINARY", 0))
+        flags = WRITE_OVER_FLAGS
         digest = hashlib.sha256()
         with src, os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
             for block in iter(lambda: src.read(CHUNK), b""):
@@ -927,8 +942,7 @@ class PayloadStore:
         hash to sha; dest is journaled by the caller, whose rollback undoes it."""
         store_tmp = None
         digest = hashlib.sha256()
-        flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_BINARY", 0))
+        flags = WRITE_OVER_FLAGS
         try:
             with open(src, "rb") as fh, os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
                 if not self.has(sha):
@@ -1022,8 +1036,8 @@ class ManifestLog:
         return read_json(self.path(number)).get("depth", 0)
 
     def _remember(self, number, result):
-        if len(self._cache) >= self.CACHE_SIZE:
-            self._cache.pop(next(iter(self._cache)))
+        while len(self._cache) >= self.CACHE_SIZE:
+            self._cache.pop(next(iter(self._cache), None), None)
         self._cache[number] = result
 
     def append(self, number, new_map, *, base):
@@ -1165,7 +1179,14 @@ class TaskRecords:
         cached_key, cached = self._index_cache
         if cached_key == key:
             return cached
-        doc = read_json_or(self.index_path, None) or {"stamp_ns": 0, "files": {}}
+        try:
+            doc = read_json_or(self.index_path, None) or {"stamp_ns": 0, "files": {}}
+            if not isinstance(doc.get("files"), dict):
+                raise StoreCorrupt("index %r has no file table" % self.index_path)
+        except StoreCorrupt:
+            # Only a stat cache: without it every file is read again and the
+            # next write replaces it. tc_resume's health reports the damage.
+            return {"stamp_ns": 0, "files": {}}
         self._index_cache = (key, doc)
         return doc
 
@@ -1260,7 +1281,8 @@ def _put_back(payloads, full, before):
     if os.path.isfile(full) and not os.path.islink(full):
         try:
             if hash_file(full)[0] == sha:
-                os.chmod(full, mode)
+                if stat_mod.S_IMODE(os.stat(full).st_mode) != mode:
+                    os.chmod(full, mode)
                 return
         except OSError:
             pass
@@ -1297,7 +1319,8 @@ def rollback_journal(store, directory, data=None):
             else:
                 _put_back(store.payloads, full, before)
         for tmp in data["temp_files"]:
-            remove_file(tmp)
+            if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
+                remove_file(tmp)
         for rel in reversed(data["created_dirs"]):
             try:
                 os.rmdir(os.path.join(root, rel))
@@ -1943,7 +1966,10 @@ class Store:
         """Clean up after a writer that died (called with the lock newly held)."""
         for directory in self.journal_dirs():
             self.log("rolling back the interrupted operation %s" % os.path.basename(directory))
-            rollback_journal(self, directory)
+            try:
+                rollback_journal(self, directory)
+            except Exception as exc:  # kept for the next try; writes refuse meanwhile
+                self.log("rollback of %s failed: %s" % (directory, exc))
         if os.path.exists(self.marker_path):
             swept = sweep_temp_files(self.directory)
             if swept:
@@ -2142,7 +2168,7 @@ class Checkpoints:
             except (StoreCorrupt, OSError, AttributeError):
                 target = None
             if isinstance(target, str) and os.path.isabs(target):
-                return os.path.realpath(target)
+                return self._checked_store_path(root, target, "the store named by %r" % pointer)
             raise StoreCorrupt("the store pointer %r is damaged; fix or delete it" % pointer)
         return os.path.join(root, STORE_DIRNAME)
 
@@ -2162,6 +2188,9 @@ class Checkpoints:
         if rel is not None:
             raise InvalidArgument("%s %r contains the workspace; choose another directory"
                                   % (name, store))
+        if not store_or_empty(real):
+            raise InvalidArgument("%s %r is a directory with other files in it; choose an "
+                                  "empty or new directory for the store" % (name, store))
         return real
 
     def _workspace(self, root, task_id=None, *, lenient=False):
@@ -2199,6 +2228,10 @@ class Checkpoints:
             raise StoreUnwritable("the store %r cannot be written (read-only or missing "
                                   "permissions); free it or point TC_STORE elsewhere"
                                   % ws.store.directory)
+        if ws.store.journal_dirs():
+            raise StoreUnwritable("an interrupted restore or import in %r could not be rolled "
+                                  "back yet (see server.log); fix what blocks it (a read-only "
+                                  "or full disk) and retry" % ws.store.directory)
         try:
             ws.store.begin_write()
         except OSError as exc:
@@ -2207,10 +2240,12 @@ class Checkpoints:
 
     # -- snapshots ----------------------------------------------------------
 
-    def _trusted(self, row, info, stamp_ns):
+    def _trusted(self, row, info, stamp_ns, *, strict=False):
+        """May the indexed sha stand for the file? strict (restores) never
+        settles for TC_SHA_REUSE's mtime+size: an undo must hold real bytes."""
         if row is None or self.config.full_hash:
             return False
-        if self.config.sha_reuse:
+        if self.config.sha_reuse and not strict:
             return row[0] == info.size and row[1] == info.mtime_ns
         if not STAT_CACHE_SUPPORTED:
             return False
@@ -2238,7 +2273,8 @@ class Checkpoints:
                                               info.mtime_ns)
                 continue
             row = old_rows.get(rel)
-            if (self._trusted(row, info, old_stamp) and row[6] != KIND_SENSITIVE
+            if (self._trusted(row, info, old_stamp, strict=verify_payloads)
+                    and row[6] != KIND_SENSITIVE
                     and not (verify_payloads and row[6] == KIND_FILE and not payloads.has(row[7]))):
                 rows[rel] = index_row(info, row[6], row[7])
                 entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
@@ -2301,6 +2337,11 @@ class Checkpoints:
         if not isinstance(name, str) or not name.strip():
             raise InvalidArgument("name must be a non-empty string")
         exclude = PathPolicy.check_patterns(exclude)
+        if store is not None and self.config.store and (
+                os.path.realpath(store) != os.path.realpath(self.config.store)):
+            raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
+                                  "stored in %r; drop the store argument or change TC_STORE"
+                                  % (self.config.store, store))
         if store is not None:
             store_dir = self._checked_store_path(root, store, "store")
         else:
@@ -2325,8 +2366,11 @@ class Checkpoints:
             prev_suspended = self._suspend(st, active.get(root))
             active[root] = task_id
             st.write_current(active)
+            pointer = os.path.join(root, POINTER_NAME)
             if external:
-                write_json(os.path.join(root, POINTER_NAME), {"store": st.directory})
+                write_json(pointer, {"store": st.directory})
+            elif os.path.isfile(pointer) and not os.path.islink(pointer):
+                remove_file(pointer)  # the default store is back in use
         self._watch(root, st)
         note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
                 % (baseline, len(ws.records.read_index()["files"])))
@@ -2468,7 +2512,7 @@ class Checkpoints:
         self._write_index(ws, snap, old_index)
         result.update({"index": index, "idempotent": idempotent, "closed": close,
                        "status": state["status"]})
-        if new_step is not None and not close:
+        if new_step is not None:
             result["_step"] = (index, snap.entries, title)
         return result
 
@@ -2553,9 +2597,9 @@ class Checkpoints:
             state = ws.state
             last = self._read_step_checked(ws, state["head"], errors)
             index_doc = self._read_index_checked(ws, errors)
+            errors.extend(self._health(ws, state))
         scan = scan_tree(ws.root, self._policy(ws))
         drift_paths = self._drift_paths(scan, index_doc)
-        errors.extend(self._health(ws, state))
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
                                                           "next")}
         next_step = last_view["next"]
@@ -2591,10 +2635,14 @@ class Checkpoints:
 
     def _read_index_checked(self, ws, errors):
         try:
-            return ws.records.read_index()
+            read_json(ws.records.index_path)
+        except FileNotFoundError:
+            pass
         except StoreCorrupt as exc:
-            errors.append(str(exc))
-            return {"stamp_ns": 0, "files": {}}
+            errors.append("%s (it is rebuilt by the next save)" % exc)
+        except OSError as exc:
+            errors.append("cannot read %r: %s" % (ws.records.index_path, describe_os_error(exc)))
+        return ws.records.read_index()
 
     @staticmethod
     def _drift_paths(scan, index_doc):
@@ -2666,7 +2714,9 @@ class Checkpoints:
 
     def capture(self, root, *, source="capture", partial=False):
         ws = self._workspace(root)
-        waiting = bool(self.watcher and self.watcher.is_waiting(ws.root))
+        # A watcher capture comes after its own quiet period (or is partial by
+        # its own decision); a tool call captures what the watcher still waits on.
+        waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
         with ws.store.lock:
             self._need_writable(ws)
             state = ws.state = ws.records.read_state()
@@ -2712,7 +2762,8 @@ class Checkpoints:
             target_no, head_after = self._restore_target(ws, state, index, drift_id)
             target = ws.records.manifests.load(target_no)
             snap = self._snapshot(ws, store_content=apply, verify_payloads=apply)
-            plan = plan_restore(target, snap.entries, ws.store.payloads.has)
+            plan = plan_restore(target, snap.entries, ws.store.payloads.has,
+                                skipped=snap.skipped, policy=self._policy(ws))
             recovered = None
             if apply:
                 recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
@@ -2847,10 +2898,7 @@ class Checkpoints:
                 if not payloads.has(sha):
                     result["already_gone"] += 1
                 chosen.setdefault(drift_key, set()).add(sha)
-            needed = set(protected)
-            for key, (records, drift, entries) in drifts.items():
-                if key not in chosen:
-                    needed.update(e[1] for e in entries.values() if e[0] == KIND_FILE)
+            needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
             freed = set()
             for key in sorted(chosen):
                 records, drift, _entries = drifts[key]
@@ -2868,6 +2916,8 @@ class Checkpoints:
         protected = set()
         for task_id in store.task_ids():
             records = store.task(task_id)
+            if not records.exists():
+                continue
             try:
                 for number in records.step_numbers():
                     step = records.read_step(number)
@@ -2883,11 +2933,33 @@ class Checkpoints:
         protected.discard(None)
         return protected
 
+    def _content_of_other_drifts(self, store, drifts, chosen):
+        """Content every drift that stays restorable still needs, in any task
+        of the store (several workspaces may share it)."""
+        needed = set()
+        for task_id in store.task_ids():
+            records = store.task(task_id)
+            if not records.exists():
+                continue
+            for number in records.drift_numbers():
+                key = (task_id, number)
+                if key in chosen:
+                    continue
+                if key in drifts:
+                    entries = drifts[key][2]
+                else:
+                    drift = records.read_drift("d%04d" % number)
+                    if drift.get("compressed"):
+                        continue
+                    entries = records.manifests.load(drift["manifest"])
+                needed.update(e[1] for e in entries.values() if e[0] == KIND_FILE)
+        return needed
+
     def _compressible_drifts(self, ws):
         out = {}
         for task_id in ws.store.task_ids():
             records = ws.store.task(task_id)
-            if records.read_state().get("root") != ws.root:
+            if not records.exists() or records.read_state().get("root") != ws.root:
                 continue
             for number in records.drift_numbers():
                 drift = records.read_drift("d%04d" % number)
@@ -3007,27 +3079,38 @@ class Checkpoints:
         desc = load_package(package)
         task_id = desc["task"]["task_id"]
         store = self._store(self.store_dir_for(root))
-        ws = Workspace(root, store, task_id)
+        ws = Workspace(root, store, task_id, {"exclude": desc["task"].get("exclude") or []})
+        refuse_foreign_paths(desc, self._policy(ws))
         with store.lock:
             self._need_writable(ws)
             if ws.records.exists() or os.path.lexists(ws.records.directory):
                 raise AlreadyExists("task %r already exists in the store %r; nothing was "
                                     "imported" % (task_id, store.directory))
-            self._import_locked(ws, package, desc)
+            recovered = self._import_locked(ws, package, desc)
         self._watch(root, store)
-        return {"task_id": task_id}
+        return {"task_id": task_id, "recovered": recovered}
 
     def _import_locked(self, ws, package, desc):
+        """Journal, write and record an import; returns the recovered drift id
+        when files already in the workspace were overwritten (None otherwise)."""
         payloads = ws.store.payloads
         before_pending = len(payloads.pending)
+        # The workspace as it is, content stored: the undo point for overwritten files.
+        pre = self._snapshot(ws, store_content=True)
         targets = [(f["path"], safe_workspace_path(ws.root, f["path"])) for f in desc["files"]]
         journal = Journal(ws.store, "import", ws.root)
-        for rel, full in targets:
-            before = None
-            if os.path.isfile(full):
-                sha, _size, mode = payloads.put_file(full)
-                before = (sha, mode)
-            journal.add_entry(rel, before)
+        overwritten = []
+        for item, (rel, full) in zip(desc["files"], targets):
+            have = pre.entries.get(rel)
+            if have is None and os.path.lexists(full) and not os.path.isdir(full):
+                raise Conflict("%r is in the workspace but could not be read; nothing was "
+                               "imported" % rel)
+            if have is not None and have[0] != KIND_FILE:
+                raise Conflict("%r in the workspace has no stored copy (sensitive or over "
+                               "100 MB); move it away, then import" % rel)
+            if have is not None and (have[1], have[3]) != (item["sha256"], item["mode"] & 0o777):
+                overwritten.append(rel)
+            journal.add_entry(rel, (have[1], have[3]) if have else None)
         for sha in carried_history_shas(package, desc):
             payloads.put_file(os.path.join(package, "history", "payload", sha))
         new_payloads = payloads.pending[before_pending:] + [
@@ -3036,17 +3119,18 @@ class Checkpoints:
         journal.data["temp_files"] = [journal.temp_name(full) for _rel, full in targets]
         journal.data["store_new_dirs"] = [os.path.relpath(ws.records.directory, ws.store.directory)]
         journal.backup_store_file(ws.store.current_path)
-        journal.begin(payloads_new=new_payloads)
+        journal.begin(payloads_new=new_payloads + pre.created)
         try:
-            self._import_apply(ws, journal, package, desc, targets)
+            recovered = self._import_apply(ws, journal, package, desc, targets, pre, overwritten)
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
+        return recovered
 
-    def _import_apply(self, ws, journal, package, desc, targets):
+    def _import_apply(self, ws, journal, package, desc, targets, pre, overwritten):
         payloads = ws.store.payloads
         by_path = {f["path"]: f for f in desc["files"]}
-        rows = {}
+        rows = dict(pre.rows)
         for rel, full in targets:
             item = by_path[rel]
             os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -3056,32 +3140,41 @@ class Checkpoints:
             if os.path.lexists(full) and (linked_elsewhere(full) or not os.access(full, os.W_OK)):
                 tmp = journal.temp_name(full)
                 remove_file(tmp)
-                payloads.import_file(src, tmp, item["sha256"], item["mode"] & 0o7777)
+                payloads.import_file(src, tmp, item["sha256"], item["mode"] & 0o777)
                 os.replace(tmp, full)
             else:
-                payloads.import_file(src, full, item["sha256"], item["mode"] & 0o7777)
+                payloads.import_file(src, full, item["sha256"], item["mode"] & 0o777)
             st = os.lstat(full)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             rows[rel] = index_row(info, KIND_FILE, item["sha256"])
         payloads.flush()
         state = self._import_records(ws, desc)
-        ws.records.write_index({"stamp_ns": time.time_ns() - RACY_MARGIN_NS, "files": rows})
+        recovered = None
+        if overwritten:
+            new_paths = sorted(set(by_path) - set(pre.entries))
+            recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
+                                           lists=([], overwritten, new_paths),
+                                           reason="workspace before the import")["id"]
+        ws.records.write_index({"stamp_ns": pre.stamp_ns, "files": rows})
         ws.records.write_state(state)
         active = ws.store.read_current()
         self._suspend(ws.store, active.get(ws.root))
         active[ws.root] = ws.task_id
         ws.store.write_current(active)
+        return recovered
 
     def _import_records(self, ws, desc):
         task = desc["task"]
         state = make_state(task_id=ws.task_id, name=task["name"], goal=task.get("goal") or "",
                            constraints=task.get("constraints") or "", root=ws.root,
                            exclude=PathPolicy.check_patterns(task.get("exclude") or []))
-        steps = [(h["step"], {p: tuple(e) for p, e in h["files"].items()})
+        steps = [(h["step"], {p: manifest_entry(e[0], e[1], e[2], e[3] & 0o777, e[4])
+                              for p, e in h["files"].items()})
                  for h in desc.get("history") or []]
         if not steps and desc.get("step"):
-            current = {f["path"]: manifest_entry(KIND_FILE, f["sha256"], f["size"], f["mode"])
+            current = {f["path"]: manifest_entry(KIND_FILE, f["sha256"], f["size"],
+                                                 f["mode"] & 0o777)
                        for f in desc["files"]}
             steps = [(desc["step"], current)]
         head = desc["step"]["index"] if desc.get("step") else 0
@@ -3095,6 +3188,18 @@ class Checkpoints:
         state["head"] = head
         state["index_manifest"] = 0
         return state
+
+
+def refuse_foreign_paths(desc, policy):
+    """Refuse a package that would write where this workspace never lets a
+    restore write: .git, the store, excluded or sensitive names."""
+    paths = [item["path"] for item in desc["files"]]
+    for entry in desc.get("history") or []:
+        paths.extend(p for p, e in entry["files"].items() if e[0] == KIND_FILE)
+    for rel in paths:
+        if policy.excluded(rel) or policy.sensitive(rel):
+            raise UnsafePath("the package would write %r, which is excluded or sensitive in "
+                             "this workspace; nothing was imported" % rel)
 
 
 def load_package(package):
@@ -3116,13 +3221,35 @@ def load_package(package):
                               % (exc.__class__.__name__, exc)) from None
 
 
+def _check_step(step, where):
+    """A step record from a package: a dict with a positive whole index."""
+    if not isinstance(step, dict):
+        raise InvalidArgument("%s is not a step record" % where)
+    index = step.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+        raise InvalidArgument("%s has no valid step number (got %r)" % (where, index))
+    for key in ("title", "conclusion", "next", "description"):
+        if step.get(key) is not None and not isinstance(step[key], str):
+            raise InvalidArgument("%s has a %s that is not text" % (where, key))
+
+
 def _check_description(package, desc):
-    if desc.get("format") != PACKAGE_FORMAT:
+    if not isinstance(desc, dict) or desc.get("format") != PACKAGE_FORMAT:
         raise InvalidArgument("package format %r is not supported (expected %d)"
-                              % (desc.get("format"), PACKAGE_FORMAT))
-    validate_task_id(desc["task"]["task_id"], "the package's task id")
-    if not isinstance(desc["task"].get("name"), str):
+                              % (desc.get("format") if isinstance(desc, dict) else None,
+                                 PACKAGE_FORMAT))
+    task = desc["task"]
+    validate_task_id(task["task_id"], "the package's task id")
+    if not isinstance(task.get("name"), str) or not task["name"].strip():
         raise InvalidArgument("the package's task has no name")
+    for key in ("goal", "constraints"):
+        if task.get(key) is not None and not isinstance(task[key], str):
+            raise InvalidArgument("the package's task %s is not text" % key)
+    PathPolicy.check_patterns(task.get("exclude") or [])
+    if desc.get("step") is not None:
+        _check_step(desc["step"], "the package's current step")
+    if not isinstance(desc["files"], list):
+        raise InvalidArgument("the package's file list is malformed")
     seen = set()
     for item in desc["files"]:
         rel = normalize_rel(item["path"])
@@ -3136,7 +3263,7 @@ def _check_description(package, desc):
             raise InvalidArgument("the package file %r does not match its recorded hash "
                                   "(tampered or damaged)" % rel)
     for entry in desc.get("history") or []:
-        int(entry["step"]["index"])
+        _check_step(entry["step"], "a step in the package's history")
         for rel, value in entry["files"].items():
             normalize_rel(rel)
             if len(value) != 5 or value[0] not in (KIND_FILE, KIND_SENSITIVE, KIND_BIG):
@@ -3182,8 +3309,13 @@ def same_content(have, want):
     return have[1] == want[1] and have[3] == want[3]
 
 
-def plan_restore(target, current, has_payload):
-    """What a restore to target changes in a workspace whose state is current."""
+def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
+    """What a restore to target changes in a workspace whose state is current.
+
+    skipped: paths the scan passed over (unreadable, symlinks, special
+    files); they are never touched, and neither is a path the workspace's
+    policy excludes. Preview and apply compute the same plan.
+    """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     for path, have in sorted(current.items()):
         if path in target:
@@ -3196,16 +3328,44 @@ def plan_restore(target, current, has_payload):
         else:
             plan["to_delete"].append(path)
     deleted = set(plan["to_delete"])
+    untouchable = {item["path"]: item["reason"] for item in skipped}
+    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
     for path, want in sorted(target.items()):
         have = current.get(path)
         if have is not None and same_content(have, want):
             continue
-        reason = _unrestorable_reason(path, have, want, has_payload, current, deleted)
+        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
+                  or _unrestorable_reason(path, have, want, has_payload, current, deleted))
         if reason:
             plan["unrestorable"].append({"path": path, "reason": reason})
         else:
             plan["to_replace" if have is not None else "to_write"].append(path)
     return plan
+
+
+def ancestors(paths):
+    """Every directory that is a parent of one of paths."""
+    out = set()
+    for path in paths:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            out.add("/".join(parts[:depth]))
+    return out
+
+
+def _untouchable_reason(path, untouchable, kept_dirs, policy):
+    if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
+        return "excluded or sensitive in this workspace: never written"
+    if path in untouchable:
+        return "left in place: %s" % untouchable[path]
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if prefix in untouchable:
+            return "left in place: %r is %s" % (prefix, untouchable[prefix])
+    if path in kept_dirs:
+        return "a directory with files that stay is in the way"
+    return None
 
 
 def _unrestorable_reason(path, have, want, has_payload, current, deleted):

@@ -224,13 +224,15 @@ TOOL_SPECS = {
     },
     "tc_import": {
         "description": "Continue a task from a handoff package in this workspace: checks the "
-                       "package, writes its files, makes the task active.",
+                       "package, writes its files, makes the task active. When files already "
+                       "here are overwritten, 'recovered' is the drift id that brings them back.",
         "input": s_obj({
             "root": ROOT,
             "package": s_str("Absolute path of the package directory tc_export returned.",
                              max_length=PATH_LIMIT, min_length=1),
         }, ["root", "package"]),
-        "output": s_out({"task_id": {"type": "string"}}),
+        "output": s_out({"task_id": {"type": "string"}, "recovered": NULLABLE_STR},
+                        ["task_id"]),
     },
     "tc_compress": {
         "description": "Reclaim space held by old drift records' content. Steps and recovered "

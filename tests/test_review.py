@@ -1,0 +1,343 @@
+"""Regression tests for defects found in review: data loss, contract gaps, robustness."""
+
+import hashlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import unittest
+
+from support import SCRIPTS, WorkspaceTest, make_git_repo, git, write, read
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_package(directory, task_id, files, step=None):
+    """A hand-made handoff package: files is [(path, bytes, mode)]."""
+    pkg = os.path.join(directory, "%s-handoff" % task_id)
+    entries = []
+    for rel, data, mode in files:
+        write(pkg, "files/" + rel, data)
+        entries.append({"path": rel, "sha256": sha(data), "size": len(data), "mode": mode})
+    desc = {"format": 1, "task": {"task_id": task_id, "name": "imported"}, "step": step,
+            "files": entries, "filtered": [], "history": []}
+    with open(os.path.join(pkg, "handoff.json"), "w", encoding="utf-8") as fh:
+        json.dump(desc, fh)
+    return pkg
+
+
+def store_holds(store, data):
+    path = os.path.join(store, "payload", sha(data)[:2], sha(data))
+    return os.path.exists(path)
+
+
+class ImportTests(WorkspaceTest):
+
+    def test_import_never_writes_into_git_or_sensitive_files(self):
+        os.makedirs(os.path.join(self.root, ".git", "hooks"))
+        self.write(".env", "SECRET=mine\n")
+        pkg = make_package(self.tmp, "evil-1", [
+            (".git/hooks/pre-commit", b"#!/bin/sh\necho owned\n", 0o755),
+            (".env", b"SECRET=theirs\n", 0o644),
+            ("ok.txt", b"ok\n", 0o644)])
+        srv = self.server()
+        srv.call("tc_import", root=self.root, package=pkg)
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".git", "hooks", "pre-commit")),
+                         "a package wrote a git hook")
+        self.assertEqual(self.read(".env"), b"SECRET=mine\n", "a package overwrote .env")
+        self.assertFalse(store_holds(self.store, b"SECRET=mine\n"),
+                         "the content of .env reached the store")
+
+    def test_import_does_not_silently_overwrite_unsaved_work(self):
+        pkg = make_package(self.tmp, "other-1", [("notes.txt", b"from the package\n", 0o644)],
+                           step={"index": 1, "title": "one"})
+        self.write("notes.txt", "my own unsaved work\n")
+        srv = self.server()
+        res = srv.call("tc_import", root=self.root, package=pkg)
+        if res.is_error:
+            self.assertEqual(self.read("notes.txt"), b"my own unsaved work\n")
+            return
+        if self.read("notes.txt") == b"my own unsaved work\n":
+            return
+        # Overwritten: some drift record must bring the old bytes back.
+        drifts = srv.ok("tc_show", root=self.root, include_drift=True)["drifts"]
+        for drift in drifts:
+            if srv.call("tc_restore", root=self.root, drift_id=drift["id"],
+                        apply=True).is_error:
+                continue
+            if self.read("notes.txt") == b"my own unsaved work\n":
+                return
+        self.fail("tc_import replaced notes.txt and nothing can bring the old bytes back")
+
+    def test_malformed_package_step_is_a_tool_error(self):
+        srv = self.server()
+        for n, step in enumerate(({"index": "1", "title": "x"}, {"title": "no index"},
+                                  ["x"], {"index": -3, "title": "x"})):
+            pkg = make_package(os.path.join(self.tmp, "p%d" % n), "imp-%d" % n,
+                               [("a.txt", b"a", 0o644)], step=step)
+            reply = srv.request("tools/call", {"name": "tc_import", "arguments": {
+                "root": self.root, "package": pkg}})
+            self.assertNotIn("error", reply, (step, reply))
+            self.assertTrue(reply["result"]["isError"], (step, reply))
+
+
+class RestoreTests(WorkspaceTest):
+
+    def init(self, srv):
+        return srv.ok("tc_init", root=self.root, name="review")["task_id"]
+
+    def test_unreadable_file_is_not_overwritten(self):
+        # An unreadable file (a permission problem, an I/O error) cannot be
+        # stored in the recovered record, so a restore must not replace it.
+        self.write("data.txt", "v1 recorded\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "t")
+        cp.save(self.root, "one")
+        self.write("data.txt", "precious unsaved edit\n")
+        original = tc.PayloadStore.put_file
+
+        def failing(store, src):
+            if os.path.basename(src) == "data.txt":
+                raise PermissionError(13, "Permission denied", src)
+            return original(store, src)
+
+        tc.PayloadStore.put_file = failing
+        try:
+            try:
+                cp.restore(self.root, index=1, apply=True)
+            except tc.CheckpointError:
+                pass
+        finally:
+            tc.PayloadStore.put_file = original
+        self.assertEqual(self.read("data.txt"), b"precious unsaved edit\n")
+
+    def test_fifo_in_place_of_a_recorded_file_does_not_hang(self):
+        srv = self.server()
+        self.write("pipe", "v1\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "pipe"))
+        os.mkfifo(os.path.join(self.root, "pipe"))
+        srv.ok("tc_save", root=self.root, title="two")
+        msg = {"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+            "name": "tc_restore", "arguments": {"root": self.root, "index": 1, "apply": True}}}
+        srv.send_raw((json.dumps(msg) + "\n").encode())
+        ready, _, _ = select.select([srv.proc.stdout], [], [], 1.5)
+        if not ready:
+            srv.proc.kill()
+            self.fail("tc_restore hangs opening a FIFO for writing")
+        reply = json.loads(srv.proc.stdout.readline())
+        self.assertEqual(reply["id"], 99)
+
+    def test_directory_with_kept_sensitive_file_does_not_fail_the_restore(self):
+        srv = self.server()
+        self.write("cfg", "plain file\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "cfg"))
+        self.write("cfg/.env", "K=1\n")
+        self.write("x.txt", "x\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertFalse(res.is_error, "one kept .env failed the whole restore: " + res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "x.txt")))
+        self.assertEqual(self.read("cfg/.env"), b"K=1\n")
+
+    def test_symlink_where_a_file_was_is_skipped_not_fatal(self):
+        srv = self.server()
+        self.write("a.txt", "v1\n")
+        self.write("b.txt", "b1\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "a.txt"))
+        os.symlink(os.path.join(self.tmp, "elsewhere"), os.path.join(self.root, "a.txt"))
+        self.write("b.txt", "b2\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        preview = srv.ok("tc_restore", root=self.root, index=1)
+        res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertFalse(res.is_error, "preview %r, apply: %s" % (preview["plan"], res.text))
+        self.assertEqual(self.read("b.txt"), b"b1\n")
+        self.assertTrue(os.path.islink(os.path.join(self.root, "a.txt")))
+
+    def test_backslash_in_a_file_name_does_not_redirect_the_restore(self):
+        srv = self.server()
+        self.write("x/y", "keep me\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        with open(os.path.join(self.root, "x\\y"), "w") as fh:
+            fh.write("a new file whose name holds a backslash\n")
+        srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertTrue(os.path.isfile(os.path.join(self.root, "x", "y")),
+                        "restore deleted x/y, a file the target step contains")
+        self.assertEqual(self.read("x/y"), b"keep me\n")
+
+    def test_undo_keeps_unsaved_edit_with_sha_reuse(self):
+        srv = self.server(env={"TC_SHA_REUSE": "on"})
+        path = self.write("a.txt", "version-1\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "version-2\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        st = os.stat(path)
+        self.write("a.txt", "unsaved-3\n")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        res = srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        srv.ok("tc_restore", root=self.root, drift_id=res["recovered"], apply=True)
+        self.assertEqual(self.read("a.txt"), b"unsaved-3\n")
+
+    def test_damaged_index_cache_does_not_block_saves(self):
+        srv = self.server()
+        self.write("a.txt", "1\n")
+        task = self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        with open(os.path.join(self.store, "tasks", task, "index.json"), "wb"):
+            pass  # what an index written without fsync can be after a power cut
+        self.write("a.txt", "2\n")
+        res = srv.call("tc_save", root=self.root, title="two")
+        self.assertFalse(res.is_error, res.text)
+
+
+class ReadOnlyWorkspaceTests(WorkspaceTest):
+
+    @unittest.skipUnless(hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("mount"), "needs root to bind-mount read-only")
+    def test_read_only_workspace_keeps_read_tools_working(self):
+        store = os.path.join(self.tmp, "store")
+        srv = self.server(env={"TC_STORE": store})
+        self.write("a.txt", "1\n")
+        srv.ok("tc_init", root=self.root, name="t")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "2\n")
+        self.write("c.txt", "new\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        subprocess.run(["mount", "--bind", self.root, self.root], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", self.root], check=True)
+            failed = srv.call("tc_restore", root=self.root, index=1, apply=True)
+            self.assertTrue(failed.is_error)
+            self.assertNotIn("could not be fully undone", failed.text,
+                             "nothing was changed, yet the restore says it could not be undone")
+            resumed = srv.call("tc_resume", root=self.root)
+            self.assertFalse(resumed.is_error, "read-only tc_resume fails: " + resumed.text)
+        finally:
+            subprocess.run(["umount", self.root])
+
+
+class StoreTests(WorkspaceTest):
+
+    def test_compress_keeps_content_another_workspace_still_needs(self):
+        store = os.path.join(self.tmp, "shared")
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        srv = self.server(env={"TC_STORE": store})
+        write(other, "f.txt", "base\n")
+        srv.ok("tc_init", root=other, name="b")
+        write(other, "f.txt", "shared content\n")
+        kept = srv.ok("tc_capture", root=other)["drift_id"]
+        write(other, "f.txt", "later\n")
+        srv.ok("tc_capture", root=other)
+        self.write("g.txt", "a0\n")
+        srv.ok("tc_init", root=self.root, name="a")
+        self.write("g.txt", "shared content\n")
+        srv.ok("tc_capture", root=self.root)
+        self.write("g.txt", "a2\n")
+        srv.ok("tc_capture", root=self.root)
+        srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
+        res = srv.call("tc_restore", root=other, drift_id=kept)
+        if res.is_error:  # refused as reclaimed is honest too
+            self.assertIn("reclaimed", res.text)
+            return
+        self.assertEqual(res["plan"]["unrestorable"], [],
+                         "compress on one workspace destroyed another's drift content")
+
+    def test_half_created_task_does_not_break_compress(self):
+        srv = self.server()
+        self.write("a.txt", "1\n")
+        srv.ok("tc_init", root=self.root, name="t")
+        os.makedirs(os.path.join(self.store, "tasks", "half-abc123", "drifts"))
+        res = srv.call("tc_compress", root=self.root)
+        self.assertFalse(res.is_error, res.text)
+
+    def test_default_store_init_after_external_store(self):
+        srv = self.server()
+        self.write("a.txt", "1\n")
+        srv.ok("tc_init", root=self.root, name="one", store=os.path.join(self.tmp, "ext"))
+        two = srv.ok("tc_init", root=self.root, name="two", store=self.store)
+        saved = srv.ok("tc_save", root=self.root, title="step")
+        self.assertEqual(saved["task_id"], two["task_id"])
+
+    def test_store_argument_wins_or_is_refused_when_tc_store_is_set(self):
+        srv = self.server(env={"TC_STORE": os.path.join(self.tmp, "env-store")})
+        self.write("a.txt", "1\n")
+        res = srv.call("tc_init", root=self.root, name="x",
+                       store=os.path.join(self.tmp, "arg-store"))
+        if res.is_error:
+            return
+        saved = srv.call("tc_save", root=self.root, title="step")
+        self.assertFalse(saved.is_error, saved.text)
+        self.assertEqual(saved["task_id"], res["task_id"])
+
+    def test_pointer_to_the_workspace_root_is_refused(self):
+        self.write("a.txt", "1\n")
+        with open(os.path.join(self.root, ".task-checkpoint-store.json"), "w") as fh:
+            json.dump({"store": self.root}, fh)
+        srv = self.server()
+        res = srv.call("tc_init", root=self.root, name="t")
+        self.assertTrue(res.is_error, res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "tasks")))
+
+    def test_store_argument_never_deletes_files_already_there(self):
+        notes = os.path.join(self.tmp, "notes")
+        write(notes, "writing", "my novel, chapter 1\n")
+        write(notes, "drafts/.tmp-idea.txt", "an idea\n")
+        self.write("a.txt", "1\n")
+        srv = self.server()
+        srv.call("tc_init", root=self.root, name="t", store=notes)
+        for rel, data in (("writing", b"my novel, chapter 1\n"),
+                          ("drafts/.tmp-idea.txt", b"an idea\n")):
+            self.assertTrue(os.path.isfile(os.path.join(notes, *rel.split("/"))),
+                            "tc_init deleted %s from the directory given as store" % rel)
+            self.assertEqual(read(notes, rel), data)
+
+
+class WatcherAndGitTests(WorkspaceTest):
+
+    def test_watcher_capture_after_a_quiet_period_is_not_partial(self):
+        cp = tc.Checkpoints(tc.Config(watch=True, watch_interval=3600, drift_max_wait=60,
+                                      git=False))
+        self.write("a.txt", "1\n")
+        cp.init(self.root, "t")
+        cp.start_watcher()
+        try:
+            self.write("a.txt", "changed once\n")
+            self.assertEqual(cp.watcher.tick(self.root, now=100.0), "wait")
+            self.assertEqual(cp.watcher.tick(self.root, now=101.0), "capture")
+        finally:
+            cp.stop_watcher()
+        drift = cp.show(self.root, include_drift=True)["drifts"][-1]
+        self.assertEqual(drift["kind"], "watch")
+        self.assertFalse(drift["partial"], "a capture after a quiet period is marked partial")
+
+    def test_closing_save_that_makes_a_step_gets_its_ref(self):
+        make_git_repo(self.root)
+        srv = self.server(env={"TC_GIT": "on"})
+        task = srv.ok("tc_init", root=self.root, name="t")["task_id"]
+        self.write("a.txt", "1\n")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "2\n")
+        closed = srv.ok("tc_save", root=self.root, title="final", close=True)
+        self.assertFalse(closed["idempotent"])
+        ref = "refs/checkpoints/%s/s%04d" % (task, closed["index"])
+        self.assertEqual(closed["git"]["ref"], ref, closed["git"])
+        self.assertIn(ref.encode(), git(self.root, "for-each-ref", "refs/checkpoints/"))
+
+
+if __name__ == "__main__":
+    unittest.main()
