@@ -265,20 +265,10 @@ def write_json(path, obj, *, durable=True):
     atomic_write(path, dump_json(obj), durable=durable)
 
 
-# Where one call flushes a whole file system, store records are written
-# without an fsync each and made durable together at commit points
-# (``barrier``): before the state file that points at them, and before the
-# store lock is released, that is before a tool answers.
-BATCHED_SYNC = sys.platform.startswith("linux") or hasattr(os, "sync")
-
-
 def write_record(path, obj):
-    write_json(path, obj, durable=not BATCHED_SYNC)
-
-
-def barrier(directory):
-    if BATCHED_SYNC:
-        sync_filesystem(directory)
+    """A store record: small, so each is made durable on its own (an fsync of
+    the file and its directory), which never flushes the user's files."""
+    write_json(path, obj, durable=True)
 
 
 def read_json(path):
@@ -892,8 +882,8 @@ class PayloadStore:
         pending, self.pending = self.pending, []
         if not pending:
             return
-        if len(pending) > 1 and sync_filesystem(self.directory):
-            return
+        if len(pending) > 64 and sync_filesystem(self.directory):
+            return  # many files: one flush of the file system beats an fsync each
         for path in pending:
             fsync_path(path)
 
@@ -1131,7 +1121,6 @@ class TaskRecords:
 
     def write_state(self, state):
         state["updated"] = now_iso()
-        barrier(self.directory)  # everything the state points at is on disk first
         write_record(self.state_path, state)
 
     def read_step(self, index):
@@ -1250,7 +1239,8 @@ class Journal:
     def begin(self, payloads_new=()):
         self.data["payloads_new"] = sorted(set(payloads_new))
         self.store.payloads.flush()
-        barrier(self.store.directory)  # backups and content before the plan
+        for name in set(self.data["store_backup"].values()) - {None}:
+            fsync_path(os.path.join(self.directory, name))
         write_json(os.path.join(self.directory, "plan.json"), self.data)
         self.started = True
 
@@ -1958,7 +1948,6 @@ class Store:
 
     def end_write(self):
         if self._writing:
-            barrier(self.directory)
             remove_file(self.marker_path)
             self._writing = False
 
@@ -2907,7 +2896,6 @@ class Checkpoints:
                 write_record(records.drift_path(int(drift["id"][1:])), drift)
                 freed.update(chosen[key] - needed)
             result["converted"] = len(chosen)
-            barrier(ws.store.directory)  # records say "reclaimed" before content goes
             result["bytes_freed"] = sum(payloads.delete(sha) for sha in sorted(freed))
         return result
 
