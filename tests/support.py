@@ -31,7 +31,9 @@ def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TC_") and not k.startswith("GIT_")}
     env.update(BASE_ENV)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Let the server cache its compiled modules: compiling scripts/tc.py on
+    # every start would dominate a suite that starts hundreds of servers.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if extra:
         for key, value in extra.items():
             if value is None:

@@ -217,7 +217,7 @@ class KillDuringRestore(CrashTest):
         base = 2
         recovery = took / 2  # how long a new server takes to roll a restore back
 
-        for round_no in range(6):
+        for round_no in range(4):
             target = 1 if base == 2 else 2
             mutate(self.root, self.rng, names, "u%d" % round_no, share=0.1)
             write_bytes(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)

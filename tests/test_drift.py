@@ -15,8 +15,10 @@ import unittest
 
 from support import WorkspaceTest, drift_key, drift_paths, snapshot, tree_listing
 
-WATCH_ON = {"TC_WATCH": "on", "TC_WATCH_INTERVAL": "1", "TC_DRIFT_MAX_WAIT": "3"}
-WATCH_OFF = {"TC_WATCH": "off", "TC_WATCH_INTERVAL": "1", "TC_DRIFT_MAX_WAIT": "3"}
+# Short ticks keep the suite fast; the behaviour is the same at any interval.
+TICK = 0.25
+WATCH_ON = {"TC_WATCH": "on", "TC_WATCH_INTERVAL": str(TICK), "TC_DRIFT_MAX_WAIT": "1"}
+WATCH_OFF = {"TC_WATCH": "off", "TC_WATCH_INTERVAL": str(TICK), "TC_DRIFT_MAX_WAIT": "1"}
 DRIFT_ID = re.compile(r"^d\d{4,}$")
 CAPTURE_FIELDS = {"captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"}
 COMPRESS_FIELDS = {"converted", "eligible", "already_gone", "bytes_freed",
@@ -117,7 +119,7 @@ class WatcherTest(WorkspaceTest):
                 with open(path, "ab") as fh:
                     fh.write(b"line %d\n" % n)
                 n += 1
-                stop.wait(0.3)
+                stop.wait(TICK / 3)
 
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
@@ -139,7 +141,7 @@ class WatcherTest(WorkspaceTest):
         srv, _ = self.start_task(WATCH_OFF)
         before = all_drifts(srv, self.root)
         self.write("a.txt", "edited while nobody watches\n")
-        time.sleep(3.0)  # three ticks of the interval the watcher would use
+        time.sleep(TICK * 5)  # five ticks of the interval the watcher would use
         self.assertEqual(all_drifts(srv, self.root), before)
         # The change was there to be seen: an explicit capture records it.
         cap = srv.ok("tc_capture", root=self.root)
@@ -174,9 +176,9 @@ class WatcherTest(WorkspaceTest):
         line = wait_for(first_failure, 8)
         self.assertTrue(line, "no failure logged for a watcher tick that cannot write; log:\n%s"
                         % "\n".join(log_lines()))
-        time.sleep(0.5)  # let a multi-line report finish
+        time.sleep(TICK)  # let a multi-line report finish
         settled = len(log_lines())
-        time.sleep(4.2)  # about four more ticks that fail the same way
+        time.sleep(TICK * 5)  # about five more ticks that fail the same way
         reply = srv.request("ping")
         self.assertEqual(reply.get("result"), {}, reply)
         self.assertIsNone(srv.proc.poll(), "server died")
