@@ -473,9 +473,15 @@ def looks_like_store(path):
 
 def enclosing_store(path):
     """The checkpoint store that is path or contains it, or None."""
+    return find_upwards(path, lambda directory: os.path.basename(directory) == STORE_DIRNAME
+                        or looks_like_store(directory))
+
+
+def find_upwards(path, predicate):
+    """The first of path and its parents for which predicate holds, or None."""
     current = path
     while True:
-        if os.path.basename(current) == STORE_DIRNAME or looks_like_store(current):
+        if predicate(current):
             return current
         parent = os.path.dirname(current)
         if parent == current:
@@ -1508,14 +1514,8 @@ def find_git_marker(root):
     A cheap pre-check so that a workspace outside any repository never
     starts a git process; git itself has the final word.
     """
-    current = os.path.abspath(root)
-    while True:
-        if os.path.lexists(os.path.join(current, ".git")):
-            return True
-        parent = os.path.dirname(current)
-        if parent == current:
-            return False
-        current = parent
+    return find_upwards(os.path.abspath(root),
+                        lambda directory: os.path.lexists(os.path.join(directory, ".git"))) is not None
 
 
 def step_ref_name(task_id, step_index):
