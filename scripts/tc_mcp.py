@@ -498,8 +498,8 @@ class Server:
             return tool_result(one_line(str(exc)), is_error=True)
         except OSError as exc:
             self.log("%s: %s" % (name, traceback.format_exc()))
-            return tool_result("%s could not finish: %s. Nothing already saved was lost; fix "
-                               "the cause (disk space, permissions) and retry."
+            return tool_result("%s could not finish: %s. Fix the cause (disk space, "
+                               "permissions, a damaged store) and retry."
                                % (name, tc.describe_os_error(exc)), is_error=True)
         self.remember_store(result)
         return tool_result(result)
