@@ -256,13 +256,13 @@ def atomic_write(path, data, *, durable=True):
         fsync_dir(directory)
 
 
-def dump_json(obj):
-    return json.dumps(obj, ensure_ascii=False, sort_keys=True,
+def dump_json(obj, *, sort_keys=True):
+    return json.dumps(obj, ensure_ascii=False, sort_keys=sort_keys,
                       separators=(",", ":")).encode("utf-8")
 
 
-def write_json(path, obj, *, durable=True):
-    atomic_write(path, dump_json(obj), durable=durable)
+def write_json(path, obj, *, durable=True, sort_keys=True):
+    atomic_write(path, dump_json(obj, sort_keys=sort_keys), durable=durable)
 
 
 def write_record(path, obj):
@@ -1072,12 +1072,12 @@ def make_state(*, task_id, name, goal, constraints, root, exclude):
 
 
 def make_step(*, index, title, description, conclusion, next_step, verified,
-              open_questions, manifest, digest, drift_id, groups):
+              open_questions, manifest, drift_id, groups):
     return {
         "index": index, "title": title, "description": description,
         "conclusion": conclusion, "next": next_step, "verified": list(verified),
         "open_questions": list(open_questions), "manifest": manifest,
-        "digest": digest, "drift_id": drift_id, "groups": groups,
+        "drift_id": drift_id, "groups": groups,
         "created": now_iso(), "created_ns": time.time_ns(),
     }
 
@@ -1187,7 +1187,7 @@ class TaskRecords:
 
     def write_index(self, index_doc):
         # A stat cache: losing it to a power cut only costs re-reading files.
-        write_json(self.index_path, index_doc, durable=False)
+        write_json(self.index_path, index_doc, durable=False, sort_keys=False)
         self._index_cache = (None, None)
 
 
@@ -2043,17 +2043,6 @@ def slugify(name):
     return slug or "task"
 
 
-def files_digest(entries):
-    blob = json.dumps(sorted(entries.items()), ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def step_digest(title, files, conclusion, next_step, verified):
-    blob = json.dumps([title, files, conclusion, next_step, list(verified)],
-                      ensure_ascii=False, sort_keys=True)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
 def find_groups(entries):
     """Top-level X.p3d expects the companion X.p3dat."""
     groups = []
@@ -2478,18 +2467,18 @@ class Checkpoints:
                 self._record_manifest(ws, state, snap.entries)
             state["index_manifest"] = state["last_manifest"]
         manifest_no = state["index_manifest"]
-        digest = step_digest(title, files_digest(snap.entries), conclusion, next_step, verified)
         head = ws.records.read_step(state["head"]) if state["head"] else None
         result = {"task_id": ws.task_id, "title": title, "groups": find_groups(snap.entries),
                   "skipped_paths": snap.skipped}
-        if head is not None and head.get("digest") == digest and not drift_id:
+        if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
+                           snap.entries):
             index, idempotent, new_step = head["index"], True, None
         else:
             index, idempotent = state["last_step"] + 1, False
             new_step = make_step(index=index, title=title, description=description,
                                  conclusion=conclusion, next_step=next_step, verified=verified,
                                  open_questions=open_questions, manifest=manifest_no,
-                                 digest=digest, drift_id=drift_id, groups=result["groups"])
+                                 drift_id=drift_id, groups=result["groups"])
             write_record(ws.records.step_path(index), new_step)
             state["last_step"] = state["head"] = index
             state["head_manifest"] = manifest_no
@@ -2504,6 +2493,16 @@ class Checkpoints:
         if new_step is not None:
             result["_step"] = (index, snap.entries, title)
         return result
+
+    @staticmethod
+    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, entries):
+        """An idempotent save: same title, conclusion, next and verified as the
+        head step, and the same files (compared only when the text matches)."""
+        if head is None or (head.get("title"), head.get("conclusion"), head.get("next"),
+                            head.get("verified")) != (title, conclusion, next_step, verified):
+            return False
+        return (head["manifest"] == manifest_no
+                or ws.records.manifests.load(head["manifest"]) == entries)
 
     def _record_manifest(self, ws, state, entries):
         ws.store.payloads.flush()

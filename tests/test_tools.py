@@ -425,6 +425,18 @@ class SaveTest(ToolsTest):
         self.assertEqual(res["index"], 3)
         self.assertIs(res["idempotent"], False)
 
+    def test_files_changed_and_changed_back_still_make_an_idempotent_save(self):
+        task = self.init()["task_id"]
+        self.write("a.txt", "one\n")
+        first = self.save("same step", conclusion="c", next="n")
+        self.write("a.txt", "two\n")
+        self.assertTrue(self.srv.ok("tc_capture", root=self.root)["captured"])
+        self.write("a.txt", "one\n")
+        again = self.save("same step", conclusion="c", next="n")
+        self.assertIs(again["idempotent"], True, again)
+        self.assertEqual(again["index"], first["index"])
+        self.assertEqual(self.step_files(task), ["s0001.json"])
+
     def test_close_then_saves_are_refused(self):
         task = self.init(goal="finish")["task_id"]
         self.write("a.txt", "x\n")
