@@ -1350,6 +1350,13 @@ def rollback_journal(store, directory, data=None):
     remove_empty_dir(os.path.dirname(directory))
 
 
+def ensure_dir(path, made):
+    """makedirs once per directory of a batch (made remembers what exists)."""
+    if path not in made:
+        os.makedirs(path, exist_ok=True)
+        made.add(path)
+
+
 def remove_empty_dir(path):
     try:
         os.rmdir(path)
@@ -2834,10 +2841,11 @@ class Checkpoints:
             full = safe_workspace_path(ws.root, rel)
             remove_file(full)
             prune_empty_dirs(ws.root, os.path.dirname(full))
+        made = set()
         for rel in plan["to_write"] + plan["to_replace"]:
             full = safe_workspace_path(ws.root, rel)
             kind, sha, _size, mode, _mtime = target[rel]
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            ensure_dir(os.path.dirname(full), made)
             if os.path.isdir(full) and not os.path.islink(full):
                 os.rmdir(full)  # only an empty directory may give way to a file
             try:
@@ -3118,9 +3126,10 @@ class Checkpoints:
         payloads = ws.store.payloads
         by_path = {f["path"]: f for f in desc["files"]}
         rows = dict(pre.rows)
+        made = set()
         for rel, full in targets:
             item = by_path[rel]
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            ensure_dir(os.path.dirname(full), made)
             src = check_package_entry(package, "files/" + rel)
             if os.path.isdir(full) and not os.path.islink(full):
                 os.rmdir(full)  # only an empty directory may give way to a file
