@@ -31,6 +31,7 @@ a hash but no content; the drift layer detects change by stat, not content.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fnmatch
 import hashlib
 import json
@@ -765,6 +766,9 @@ def sync_filesystem(directory):
     return False
 
 
+STORE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
+
+
 class PayloadStore:
     """Content-addressed copies, written once per content, verified on read."""
 
@@ -815,9 +819,24 @@ class PayloadStore:
                 data = fh.read()
                 sha = hashlib.sha256(data).hexdigest()
                 if not self.has(sha):
-                    self._write_bytes(sha, data)
+                    try:
+                        self._write_bytes(sha, data)
+                    except OSError as exc:
+                        raise self.unwritable(exc) from None
                 return sha, len(data), stat_mod.S_IMODE(st.st_mode)
-            return self._stream_in(fh) + (stat_mod.S_IMODE(st.st_mode),)
+            try:
+                return self._stream_in(fh) + (stat_mod.S_IMODE(st.st_mode),)
+            except OSError as exc:
+                if exc.errno in STORE_FULL_ERRNOS:
+                    raise self.unwritable(exc) from None
+                raise
+
+    def unwritable(self, exc):
+        """A store write failure: the tool fails, rather than the file being
+        reported as unreadable and silently left out of the record."""
+        return StoreUnwritable("cannot write to the store %r: %s; free space or fix "
+                               "permissions and retry" % (os.path.dirname(self.directory),
+                                                          exc.strerror or exc))
 
     def put_bytes(self, data):
         sha = hashlib.sha256(data).hexdigest()
