@@ -1990,6 +1990,11 @@ class Store:
             if swept:
                 self.log("removed %d temporary file(s) left by an interrupted write" % swept)
             for task_id in self.task_ids():
+                if not self.task(task_id).exists():
+                    # A task directory without a state is a tc_init that died
+                    # midway (imports are journaled and were rolled back above).
+                    shutil.rmtree(self.task(task_id).directory, ignore_errors=True)
+                    continue
                 self.reconcile_numbers(task_id)
             remove_file(self.marker_path)
 
@@ -2463,16 +2468,18 @@ class Checkpoints:
         return result
 
     def _activate(self, ws):
-        """Make ws.task_id the active task of its root; True when that changed it."""
+        """Make ws.task_id the active, open task of its root; True when the
+        active task changed. (An active task found suspended, left so by an
+        interrupted switch, is reopened too.)"""
         active = ws.store.read_current()
         previous = active.get(ws.root)
-        if previous == ws.task_id:
-            return False
-        self._suspend(ws.store, previous)
         state = ws.records.read_state()
         if state["status"] == "suspended":
             state["status"] = "open"
             ws.records.write_state(state)
+        if previous == ws.task_id:
+            return False
+        self._suspend(ws.store, previous)
         active[ws.root] = ws.task_id
         ws.store.write_current(active)
         return True

@@ -60,7 +60,7 @@ def mutate(root, rng, names, tag, share=0.15):
         names.append(rel)
 
 
-def send(srv, name, **arguments):
+def send(srv, name, /, **arguments):
     """Send a tools/call without waiting for its answer; returns its id."""
     srv._id += 1
     msg = {"jsonrpc": "2.0", "id": srv._id, "method": "tools/call",
@@ -120,6 +120,49 @@ class CrashTest(WorkspaceTest):
                     ids.append(drift[key])
                     break
         return max(ids) if ids else None
+
+
+class KillDuringInit(CrashTest):
+
+    def test_sigkill_during_init_leaves_a_usable_store(self):
+        fill_workspace(self.root, self.rng, files=200)
+        first = self.server()
+        first.ok("tc_init", root=self.root, name="first task")
+        first.ok("tc_save", **self.save_args("kept"))
+        # How long an init of this much takes, measured on a twin workspace.
+        twin = os.path.join(self.tmp, "twin")
+        os.makedirs(twin)
+        fill_workspace(twin, self.rng, files=200)
+        started = time.monotonic()
+        first.ok("tc_init", root=twin, name="timing")
+        took = max(time.monotonic() - started, 0.05)
+        for round_no in range(3):
+            srv = self.server()
+            request_id = send(srv, "tc_init", root=self.root, name="second %d" % round_no)
+            time.sleep(self.rng.uniform(0, took))
+            answer = kill_and_collect(srv, request_id)
+            note = "%s round %d" % (self.seed_note, round_no)
+            after = self.server()
+            resume = self.check_store(after)
+            tasks = os.listdir(os.path.join(self.store, "tasks"))
+            for task_id in tasks:  # every task directory left is a whole task
+                self.assertTrue(os.path.isfile(os.path.join(self.store, "tasks", task_id,
+                                                            "state.json")), (note, tasks))
+            if answer is None:
+                # Either the old task is still the active one, or the new one
+                # finished before the kill; never a half-made task.
+                self.assertIn(resume["active_task"], tasks, note)
+            self.assertEqual(after.ok("tc_save", **self.save_args("after %d" % round_no))
+                             ["task_id"], resume["active_task"], note)
+
+        # The narrow window itself: an init that died after its first record
+        # but before its state, as a dead writer leaves it (marker included).
+        orphan = os.path.join(self.store, "tasks", "dead-init-0a0b0c")
+        write_bytes(orphan, "manifest/m0001.json", b'{"n": 1, "full": true, "depth": 0, "files": {}}')
+        write_bytes(self.store, "writing", b"")
+        after = self.server()
+        self.check_store(after)
+        self.assertFalse(os.path.exists(orphan), "a half-made task directory was kept")
 
 
 class KillDuringSave(CrashTest):
