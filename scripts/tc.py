@@ -1238,7 +1238,7 @@ class Journal:
         self.op_id = "%s-%d-%s" % (op, os.getpid(), secrets.token_hex(4))
         self.directory = os.path.join(store.directory, "journal", self.op_id)
         self.data = {"op": op, "root": root, "entries": [], "created_dirs": [],
-                     "removed_dirs": [], "temp_files": [], "store_new": [],
+                     "temp_files": [], "store_new": [],
                      "store_new_dirs": [], "store_backup": {}, "payloads_new": []}
         self.started = False
 
@@ -1321,42 +1321,9 @@ def rollback_journal(store, directory, data=None):
         except (FileNotFoundError, StoreCorrupt):
             shutil.rmtree(directory, ignore_errors=True)  # never started
             return
-    root = data["root"]
-    if os.path.isdir(root):
-        for rel, before in reversed(data["entries"]):
-            try:
-                full = safe_workspace_path(root, rel)
-            except UnsafePath:
-                continue
-            if before is None:
-                if os.path.isfile(full):
-                    remove_file(full)
-            else:
-                _put_back(store.payloads, full, before)
-        for tmp in data["temp_files"]:
-            if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
-                remove_file(tmp)
-        for rel in reversed(data["created_dirs"]):
-            try:
-                os.rmdir(os.path.join(root, rel))
-            except OSError:
-                pass
-        for rel in data["removed_dirs"]:
-            os.makedirs(os.path.join(root, rel), exist_ok=True)
-    for rel in data["store_new"]:
-        remove_file(os.path.join(store.directory, rel))
-    for rel in data.get("store_new_dirs", []):
-        shutil.rmtree(os.path.join(store.directory, rel), ignore_errors=True)
-    for rel, backup in data["store_backup"].items():
-        target = os.path.join(store.directory, rel)
-        if backup is None:
-            remove_file(target)
-        else:
-            try:
-                with open(os.path.join(directory, backup), "rb") as fh:
-                    atomic_write(target, fh.read())
-            except FileNotFoundError:  # damaged journal: keep the current file
-                store.log("journal %s lacks its backup of %s" % (directory, rel))
+    if os.path.isdir(data["root"]):
+        _rollback_workspace(store, data)
+    _rollback_records(store, directory, data)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
     remove_file(os.path.join(directory, "plan.json"))
@@ -1367,6 +1334,44 @@ def rollback_journal(store, directory, data=None):
     store.forget_caches()
     shutil.rmtree(directory, ignore_errors=True)
     remove_empty_dir(os.path.dirname(directory))
+
+
+def _rollback_workspace(store, data):
+    """Every journaled path back to its recorded content (or absence)."""
+    root = data["root"]
+    for rel, before in reversed(data["entries"]):
+        try:
+            full = safe_workspace_path(root, rel)
+        except UnsafePath:
+            continue
+        if before is None:
+            if os.path.isfile(full):
+                remove_file(full)
+        else:
+            _put_back(store.payloads, full, before)
+    for tmp in data["temp_files"]:
+        if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
+            remove_file(tmp)
+    for rel in reversed(data["created_dirs"]):
+        remove_empty_dir(os.path.join(root, rel))
+
+
+def _rollback_records(store, directory, data):
+    """Remove the records the operation added; put back the ones it replaced."""
+    for rel in data["store_new"]:
+        remove_file(os.path.join(store.directory, rel))
+    for rel in data.get("store_new_dirs", []):
+        shutil.rmtree(os.path.join(store.directory, rel), ignore_errors=True)
+    for rel, backup in data["store_backup"].items():
+        target = os.path.join(store.directory, rel)
+        if backup is None:
+            remove_file(target)
+            continue
+        try:
+            with open(os.path.join(directory, backup), "rb") as fh:
+                atomic_write(target, fh.read())
+        except FileNotFoundError:  # damaged journal: keep the current file
+            store.log("journal %s lacks its backup of %s" % (directory, rel))
 
 
 def ensure_dir(path, made):
