@@ -1389,6 +1389,129 @@ def remove_empty_dir(path):
 
 
 # ---------------------------------------------------------------------------
+# 9b. Restore planning: pure decisions about which files a restore touches
+# ---------------------------------------------------------------------------
+
+def linked_elsewhere(path):
+    try:
+        return os.lstat(path).st_nlink > 1
+    except OSError:
+        return False
+
+
+def same_content(have, want):
+    if have[0] != want[0]:
+        return False
+    if have[0] == KIND_SENSITIVE:
+        return have[2] == want[2] and have[4] == want[4]
+    return have[1] == want[1] and have[3] == want[3]
+
+
+def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
+    """What a restore to target changes in a workspace whose state is current.
+
+    skipped: paths the scan passed over (unreadable, symlinks, special
+    files); they are never touched, and neither is a path the workspace's
+    policy excludes. Preview and apply compute the same plan.
+    """
+    plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
+    for path, have in sorted(current.items()):
+        if path in target:
+            continue
+        if have[0] == KIND_SENSITIVE:
+            plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
+        elif have[0] == KIND_BIG:
+            plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
+                                         "not deleted"})
+        else:
+            plan["to_delete"].append(path)
+    deleted = set(plan["to_delete"])
+    untouchable = {item["path"]: item["reason"] for item in skipped}
+    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
+    for path, want in sorted(target.items()):
+        have = current.get(path)
+        if have is not None and same_content(have, want):
+            continue
+        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
+                  or _unrestorable_reason(path, have, want, has_payload, current, deleted))
+        if reason:
+            plan["unrestorable"].append({"path": path, "reason": reason})
+        else:
+            plan["to_replace" if have is not None else "to_write"].append(path)
+    return plan
+
+
+def ancestors(paths):
+    """Every directory that is a parent of one of paths."""
+    out = set()
+    for path in paths:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            out.add("/".join(parts[:depth]))
+    return out
+
+
+def _untouchable_reason(path, untouchable, kept_dirs, policy):
+    if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
+        return "excluded or sensitive in this workspace: never written"
+    if path in untouchable:
+        return "left in place: %s" % untouchable[path]
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if prefix in untouchable:
+            return "left in place: %r is %s" % (prefix, untouchable[prefix])
+    if path in kept_dirs:
+        return "a directory with files that stay is in the way"
+    return None
+
+
+def _unrestorable_reason(path, have, want, has_payload, current, deleted):
+    if want[0] == KIND_SENSITIVE:
+        return "sensitive file: its content is never stored"
+    if want[0] == KIND_BIG:
+        return "over 100 MB: its content is not stored"
+    if have is not None and have[0] == KIND_SENSITIVE:
+        return "sensitive file in the workspace: never overwritten"
+    if have is not None and have[0] == KIND_BIG:
+        return "over 100 MB in the workspace, no stored copy: not overwritten"
+    if not has_payload(want[1]):
+        return "stored content is missing (reclaimed or lost)"
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if prefix in current and prefix not in deleted:
+            return "blocked by the file %r that stays in place" % prefix
+    return None
+
+
+def missing_dirs(root, rels):
+    """Directories a write of rels would create, parents first."""
+    out = []
+    seen = set()
+    for rel in rels:
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            sub = "/".join(parts[:depth])
+            if sub in seen:
+                continue
+            seen.add(sub)
+            if not os.path.lexists(os.path.join(root, *parts[:depth])):
+                out.append(sub)
+    return out
+
+
+def prune_empty_dirs(root, directory):
+    """Remove directories left empty by deletions, up to (not including) root."""
+    while directory and directory != root and directory.startswith(root + os.sep):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+        directory = os.path.dirname(directory)
+
+
+# ---------------------------------------------------------------------------
 # 10. Watcher: a pure quiet-period decision plus a thread that applies it
 # ---------------------------------------------------------------------------
 
@@ -1888,6 +2011,188 @@ class _GitRunner:
             if code == 0:
                 return False
             raise
+
+
+# ---------------------------------------------------------------------------
+# 12. Handoff: text, export package, import
+# ---------------------------------------------------------------------------
+
+PACKAGE_FORMAT = 1
+PACKAGE_DESCRIPTION = "handoff.json"
+
+
+def handoff_text(state, last, drift_paths):
+    """Plain text a person can paste into a new session."""
+    lines = ["Task: %s" % state.get("name", "")]
+    if state.get("goal"):
+        lines.append("Goal: %s" % state["goal"])
+    if state.get("constraints"):
+        lines.append("Constraints: %s" % state["constraints"])
+    if last:
+        lines.append("Current step: %d (%s)" % (last["index"], last.get("title", "")))
+        if last.get("conclusion"):
+            lines.append("Conclusion: %s" % last["conclusion"])
+        lines.append("Next step: %s" % (last.get("next") or "(not stated)"))
+    else:
+        lines.append("Current step: none saved yet")
+    shown = drift_paths[:20]
+    more = " (+%d more)" % (len(drift_paths) - 20) if len(drift_paths) > 20 else ""
+    lines.append("Not yet recorded: %s" % ((", ".join(shown) + more) if shown else "none"))
+    return "\n".join(lines)
+
+
+def handoff_markdown(desc):
+    task, step = desc["task"], desc.get("step") or {}
+    out = ["# Handoff: %s" % task["name"], "",
+           "You are taking over a task that was checkpointed with task-checkpoint-mcp. "
+           "The files of its current step are in `files/`.", "",
+           "- Goal: %s" % (task.get("goal") or "(not stated)")]
+    if task.get("constraints"):
+        out.append("- Constraints: %s" % task["constraints"])
+    if step:
+        out += ["- Current step: %d, %s" % (step["index"], step.get("title", "")),
+                "- Last conclusion: %s" % (step.get("conclusion") or "(none)"),
+                "- Next step: %s" % (step.get("next") or "(not stated)")]
+    for question in step.get("open_questions") or []:
+        out.append("- Open question: %s" % question)
+    out += ["", "## Files", "", "%d file(s) are included." % len(desc["files"])]
+    if desc["filtered"]:
+        out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]
+        out += ["- `%s` (%s)" % (f["path"], f["reason"]) for f in desc["filtered"]]
+    out += ["", "## Continue", "",
+            "Call `tc_import` with `root` set to your workspace and `package` set to this "
+            "directory, then `tc_resume`, and carry on from the next step above.", ""]
+    return "\n".join(out)
+
+
+def copy_tree_file(payloads, sha, dest, mode):
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    payloads.copy_out(sha, dest, mode)
+
+
+def check_package_entry(base, rel):
+    """The path of rel inside a package directory, refusing escapes and links."""
+    rel = normalize_rel(rel)
+    current = base
+    for part in rel.split("/"):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise UnsafePath("the package entry %r is or goes through a symlink" % rel)
+    if not os.path.isfile(current):
+        raise InvalidArgument("the package lacks the file %r it lists" % rel)
+    return current
+
+
+def refuse_package_links(base):
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise UnsafePath("the package contains a symlink %r; refusing it"
+                                 % os.path.relpath(os.path.join(dirpath, name), base))
+
+
+def refuse_foreign_paths(desc, policy):
+    """Refuse a package that would write where this workspace never lets a
+    restore write: .git, the store, excluded or sensitive names."""
+    paths = [item["path"] for item in desc["files"]]
+    for entry in desc.get("history") or []:
+        paths.extend(p for p, e in entry["files"].items() if e[0] == KIND_FILE)
+    for rel in paths:
+        if policy.excluded(rel) or policy.sensitive(rel):
+            raise UnsafePath("the package would write %r, which is excluded or sensitive in "
+                             "this workspace; nothing was imported" % rel)
+
+
+def load_package(package):
+    """Parse and check a handoff package completely before anything is written."""
+    if not os.path.isdir(package):
+        raise InvalidArgument("package %r is not a directory made by tc_export" % package)
+    refuse_package_links(package)
+    try:
+        desc = read_json(os.path.join(package, PACKAGE_DESCRIPTION))
+    except FileNotFoundError:
+        raise InvalidArgument("package %r has no %s; pass the directory tc_export returned"
+                              % (package, PACKAGE_DESCRIPTION)) from None
+    except StoreCorrupt as exc:
+        raise InvalidArgument("package description is damaged: %s" % exc) from None
+    try:
+        return _check_description(package, desc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidArgument("package description is malformed (%s: %s)"
+                              % (exc.__class__.__name__, exc)) from None
+
+
+def _check_step(step, where):
+    """A step record from a package: a dict with a positive whole index."""
+    if not isinstance(step, dict):
+        raise InvalidArgument("%s is not a step record" % where)
+    index = step.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+        raise InvalidArgument("%s has no valid step number (got %r)" % (where, index))
+    for key in ("title", "conclusion", "next", "description"):
+        if step.get(key) is not None and not isinstance(step[key], str):
+            raise InvalidArgument("%s has a %s that is not text" % (where, key))
+
+
+def _check_description(package, desc):
+    if not isinstance(desc, dict) or desc.get("format") != PACKAGE_FORMAT:
+        raise InvalidArgument("package format %r is not supported (expected %d)"
+                              % (desc.get("format") if isinstance(desc, dict) else None,
+                                 PACKAGE_FORMAT))
+    task = desc["task"]
+    validate_task_id(task["task_id"], "the package's task id")
+    if not isinstance(task.get("name"), str) or not task["name"].strip():
+        raise InvalidArgument("the package's task has no name")
+    for key in ("goal", "constraints"):
+        if task.get(key) is not None and not isinstance(task[key], str):
+            raise InvalidArgument("the package's task %s is not text" % key)
+    PathPolicy.check_patterns(task.get("exclude") or [])
+    if desc.get("step") is not None:
+        _check_step(desc["step"], "the package's current step")
+    if not isinstance(desc["files"], list):
+        raise InvalidArgument("the package's file list is malformed")
+    seen = set()
+    for item in desc["files"]:
+        rel = normalize_rel(item["path"])
+        if rel in seen:
+            raise InvalidArgument("the package lists %r twice" % rel)
+        seen.add(rel)
+        if not (isinstance(item["mode"], int) and isinstance(item["sha256"], str)):
+            raise InvalidArgument("the package entry %r is malformed" % rel)
+        full = check_package_entry(package, "files/" + rel)
+        if hash_file(full)[0] != item["sha256"]:
+            raise InvalidArgument("the package file %r does not match its recorded hash "
+                                  "(tampered or damaged)" % rel)
+    for entry in desc.get("history") or []:
+        _check_step(entry["step"], "a step in the package's history")
+        for rel, value in entry["files"].items():
+            normalize_rel(rel)
+            if len(value) != 5 or value[0] not in (KIND_FILE, KIND_SENSITIVE, KIND_BIG):
+                raise InvalidArgument("the package history entry %r is malformed" % rel)
+    for sha in carried_history_shas(package, desc):
+        full = check_package_entry(package, "history/payload/" + sha)
+        if hash_file(full)[0] != sha:
+            raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
+    return desc
+
+
+def package_history_shas(desc):
+    shas = set()
+    for entry in desc.get("history") or []:
+        for value in entry["files"].values():
+            if value[0] == KIND_FILE:
+                if not isinstance(value[1], str) or not re.match(r"^[0-9a-f]{64}$", value[1]):
+                    raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
+                shas.add(value[1])
+    return sorted(shas)
+
+
+def carried_history_shas(package, desc):
+    """History content the package carries. A step whose content was already
+    gone when it was exported is imported too; its missing files are then
+    reported as unrestorable, like at the source."""
+    return [sha for sha in package_history_shas(desc)
+            if os.path.lexists(os.path.join(package, "history", "payload", sha))]
 
 
 # ---------------------------------------------------------------------------
@@ -3215,304 +3520,3 @@ class Checkpoints:
         state["head"] = head
         state["index_manifest"] = 0
         return state
-
-
-def refuse_foreign_paths(desc, policy):
-    """Refuse a package that would write where this workspace never lets a
-    restore write: .git, the store, excluded or sensitive names."""
-    paths = [item["path"] for item in desc["files"]]
-    for entry in desc.get("history") or []:
-        paths.extend(p for p, e in entry["files"].items() if e[0] == KIND_FILE)
-    for rel in paths:
-        if policy.excluded(rel) or policy.sensitive(rel):
-            raise UnsafePath("the package would write %r, which is excluded or sensitive in "
-                             "this workspace; nothing was imported" % rel)
-
-
-def load_package(package):
-    """Parse and check a handoff package completely before anything is written."""
-    if not os.path.isdir(package):
-        raise InvalidArgument("package %r is not a directory made by tc_export" % package)
-    refuse_package_links(package)
-    try:
-        desc = read_json(os.path.join(package, PACKAGE_DESCRIPTION))
-    except FileNotFoundError:
-        raise InvalidArgument("package %r has no %s; pass the directory tc_export returned"
-                              % (package, PACKAGE_DESCRIPTION)) from None
-    except StoreCorrupt as exc:
-        raise InvalidArgument("package description is damaged: %s" % exc) from None
-    try:
-        return _check_description(package, desc)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidArgument("package description is malformed (%s: %s)"
-                              % (exc.__class__.__name__, exc)) from None
-
-
-def _check_step(step, where):
-    """A step record from a package: a dict with a positive whole index."""
-    if not isinstance(step, dict):
-        raise InvalidArgument("%s is not a step record" % where)
-    index = step.get("index")
-    if not isinstance(index, int) or isinstance(index, bool) or index < 1:
-        raise InvalidArgument("%s has no valid step number (got %r)" % (where, index))
-    for key in ("title", "conclusion", "next", "description"):
-        if step.get(key) is not None and not isinstance(step[key], str):
-            raise InvalidArgument("%s has a %s that is not text" % (where, key))
-
-
-def _check_description(package, desc):
-    if not isinstance(desc, dict) or desc.get("format") != PACKAGE_FORMAT:
-        raise InvalidArgument("package format %r is not supported (expected %d)"
-                              % (desc.get("format") if isinstance(desc, dict) else None,
-                                 PACKAGE_FORMAT))
-    task = desc["task"]
-    validate_task_id(task["task_id"], "the package's task id")
-    if not isinstance(task.get("name"), str) or not task["name"].strip():
-        raise InvalidArgument("the package's task has no name")
-    for key in ("goal", "constraints"):
-        if task.get(key) is not None and not isinstance(task[key], str):
-            raise InvalidArgument("the package's task %s is not text" % key)
-    PathPolicy.check_patterns(task.get("exclude") or [])
-    if desc.get("step") is not None:
-        _check_step(desc["step"], "the package's current step")
-    if not isinstance(desc["files"], list):
-        raise InvalidArgument("the package's file list is malformed")
-    seen = set()
-    for item in desc["files"]:
-        rel = normalize_rel(item["path"])
-        if rel in seen:
-            raise InvalidArgument("the package lists %r twice" % rel)
-        seen.add(rel)
-        if not (isinstance(item["mode"], int) and isinstance(item["sha256"], str)):
-            raise InvalidArgument("the package entry %r is malformed" % rel)
-        full = check_package_entry(package, "files/" + rel)
-        if hash_file(full)[0] != item["sha256"]:
-            raise InvalidArgument("the package file %r does not match its recorded hash "
-                                  "(tampered or damaged)" % rel)
-    for entry in desc.get("history") or []:
-        _check_step(entry["step"], "a step in the package's history")
-        for rel, value in entry["files"].items():
-            normalize_rel(rel)
-            if len(value) != 5 or value[0] not in (KIND_FILE, KIND_SENSITIVE, KIND_BIG):
-                raise InvalidArgument("the package history entry %r is malformed" % rel)
-    for sha in carried_history_shas(package, desc):
-        full = check_package_entry(package, "history/payload/" + sha)
-        if hash_file(full)[0] != sha:
-            raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
-    return desc
-
-
-def package_history_shas(desc):
-    shas = set()
-    for entry in desc.get("history") or []:
-        for value in entry["files"].values():
-            if value[0] == KIND_FILE:
-                if not isinstance(value[1], str) or not re.match(r"^[0-9a-f]{64}$", value[1]):
-                    raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
-                shas.add(value[1])
-    return sorted(shas)
-
-
-def carried_history_shas(package, desc):
-    """History content the package carries. A step whose content was already
-    gone when it was exported is imported too; its missing files are then
-    reported as unrestorable, like at the source."""
-    return [sha for sha in package_history_shas(desc)
-            if os.path.lexists(os.path.join(package, "history", "payload", sha))]
-
-
-def linked_elsewhere(path):
-    try:
-        return os.lstat(path).st_nlink > 1
-    except OSError:
-        return False
-
-
-def same_content(have, want):
-    if have[0] != want[0]:
-        return False
-    if have[0] == KIND_SENSITIVE:
-        return have[2] == want[2] and have[4] == want[4]
-    return have[1] == want[1] and have[3] == want[3]
-
-
-def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
-    """What a restore to target changes in a workspace whose state is current.
-
-    skipped: paths the scan passed over (unreadable, symlinks, special
-    files); they are never touched, and neither is a path the workspace's
-    policy excludes. Preview and apply compute the same plan.
-    """
-    plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
-    for path, have in sorted(current.items()):
-        if path in target:
-            continue
-        if have[0] == KIND_SENSITIVE:
-            plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
-        elif have[0] == KIND_BIG:
-            plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
-                                         "not deleted"})
-        else:
-            plan["to_delete"].append(path)
-    deleted = set(plan["to_delete"])
-    untouchable = {item["path"]: item["reason"] for item in skipped}
-    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
-    for path, want in sorted(target.items()):
-        have = current.get(path)
-        if have is not None and same_content(have, want):
-            continue
-        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
-                  or _unrestorable_reason(path, have, want, has_payload, current, deleted))
-        if reason:
-            plan["unrestorable"].append({"path": path, "reason": reason})
-        else:
-            plan["to_replace" if have is not None else "to_write"].append(path)
-    return plan
-
-
-def ancestors(paths):
-    """Every directory that is a parent of one of paths."""
-    out = set()
-    for path in paths:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            out.add("/".join(parts[:depth]))
-    return out
-
-
-def _untouchable_reason(path, untouchable, kept_dirs, policy):
-    if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
-        return "excluded or sensitive in this workspace: never written"
-    if path in untouchable:
-        return "left in place: %s" % untouchable[path]
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        prefix = "/".join(parts[:depth])
-        if prefix in untouchable:
-            return "left in place: %r is %s" % (prefix, untouchable[prefix])
-    if path in kept_dirs:
-        return "a directory with files that stay is in the way"
-    return None
-
-
-def _unrestorable_reason(path, have, want, has_payload, current, deleted):
-    if want[0] == KIND_SENSITIVE:
-        return "sensitive file: its content is never stored"
-    if want[0] == KIND_BIG:
-        return "over 100 MB: its content is not stored"
-    if have is not None and have[0] == KIND_SENSITIVE:
-        return "sensitive file in the workspace: never overwritten"
-    if have is not None and have[0] == KIND_BIG:
-        return "over 100 MB in the workspace, no stored copy: not overwritten"
-    if not has_payload(want[1]):
-        return "stored content is missing (reclaimed or lost)"
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        prefix = "/".join(parts[:depth])
-        if prefix in current and prefix not in deleted:
-            return "blocked by the file %r that stays in place" % prefix
-    return None
-
-
-def missing_dirs(root, rels):
-    """Directories a write of rels would create, parents first."""
-    out = []
-    seen = set()
-    for rel in rels:
-        parts = rel.split("/")[:-1]
-        for depth in range(1, len(parts) + 1):
-            sub = "/".join(parts[:depth])
-            if sub in seen:
-                continue
-            seen.add(sub)
-            if not os.path.lexists(os.path.join(root, *parts[:depth])):
-                out.append(sub)
-    return out
-
-
-def prune_empty_dirs(root, directory):
-    """Remove directories left empty by deletions, up to (not including) root."""
-    while directory and directory != root and directory.startswith(root + os.sep):
-        try:
-            os.rmdir(directory)
-        except OSError:
-            return
-        directory = os.path.dirname(directory)
-
-
-# ---------------------------------------------------------------------------
-# 12. Handoff: text, export package, import
-# ---------------------------------------------------------------------------
-
-PACKAGE_FORMAT = 1
-PACKAGE_DESCRIPTION = "handoff.json"
-
-
-def handoff_text(state, last, drift_paths):
-    """Plain text a person can paste into a new session."""
-    lines = ["Task: %s" % state.get("name", "")]
-    if state.get("goal"):
-        lines.append("Goal: %s" % state["goal"])
-    if state.get("constraints"):
-        lines.append("Constraints: %s" % state["constraints"])
-    if last:
-        lines.append("Current step: %d (%s)" % (last["index"], last.get("title", "")))
-        if last.get("conclusion"):
-            lines.append("Conclusion: %s" % last["conclusion"])
-        lines.append("Next step: %s" % (last.get("next") or "(not stated)"))
-    else:
-        lines.append("Current step: none saved yet")
-    shown = drift_paths[:20]
-    more = " (+%d more)" % (len(drift_paths) - 20) if len(drift_paths) > 20 else ""
-    lines.append("Not yet recorded: %s" % ((", ".join(shown) + more) if shown else "none"))
-    return "\n".join(lines)
-
-
-def handoff_markdown(desc):
-    task, step = desc["task"], desc.get("step") or {}
-    out = ["# Handoff: %s" % task["name"], "",
-           "You are taking over a task that was checkpointed with task-checkpoint-mcp. "
-           "The files of its current step are in `files/`.", "",
-           "- Goal: %s" % (task.get("goal") or "(not stated)")]
-    if task.get("constraints"):
-        out.append("- Constraints: %s" % task["constraints"])
-    if step:
-        out += ["- Current step: %d, %s" % (step["index"], step.get("title", "")),
-                "- Last conclusion: %s" % (step.get("conclusion") or "(none)"),
-                "- Next step: %s" % (step.get("next") or "(not stated)")]
-    for question in step.get("open_questions") or []:
-        out.append("- Open question: %s" % question)
-    out += ["", "## Files", "", "%d file(s) are included." % len(desc["files"])]
-    if desc["filtered"]:
-        out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]
-        out += ["- `%s` (%s)" % (f["path"], f["reason"]) for f in desc["filtered"]]
-    out += ["", "## Continue", "",
-            "Call `tc_import` with `root` set to your workspace and `package` set to this "
-            "directory, then `tc_resume`, and carry on from the next step above.", ""]
-    return "\n".join(out)
-
-
-def copy_tree_file(payloads, sha, dest, mode):
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    payloads.copy_out(sha, dest, mode)
-
-
-def check_package_entry(base, rel):
-    """The path of rel inside a package directory, refusing escapes and links."""
-    rel = normalize_rel(rel)
-    current = base
-    for part in rel.split("/"):
-        current = os.path.join(current, part)
-        if os.path.islink(current):
-            raise UnsafePath("the package entry %r is or goes through a symlink" % rel)
-    if not os.path.isfile(current):
-        raise InvalidArgument("the package lacks the file %r it lists" % rel)
-    return current
-
-
-def refuse_package_links(base):
-    for dirpath, dirnames, filenames in os.walk(base):
-        for name in dirnames + filenames:
-            if os.path.islink(os.path.join(dirpath, name)):
-                raise UnsafePath("the package contains a symlink %r; refusing it"
-                                 % os.path.relpath(os.path.join(dirpath, name), base))
