@@ -1206,8 +1206,11 @@ class TaskRecords:
 
     def write_index(self, index_doc):
         # A stat cache: losing it to a power cut only costs re-reading files.
-        write_json(self.index_path, index_doc, durable=False, sort_keys=False)
         self._index_cache = (None, None)
+        write_json(self.index_path, index_doc, durable=False, sort_keys=False)
+        st = os.stat(self.index_path)
+        # What was just written is what a read would parse: keep it.
+        self._index_cache = ((st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev), index_doc)
 
 
 def index_row(info, kind, sha):
