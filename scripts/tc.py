@@ -469,6 +469,7 @@ def store_or_empty(path):
 
 def looks_like_store(path):
     return (os.path.isfile(os.path.join(path, "state.lock"))
+            and os.path.isfile(os.path.join(path, "current.json"))
             and os.path.isdir(os.path.join(path, "tasks")))
 
 

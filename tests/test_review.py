@@ -232,6 +232,21 @@ class ReadOnlyWorkspaceTests(WorkspaceTest):
 
 class StoreTests(WorkspaceTest):
 
+    def test_a_project_that_merely_resembles_a_store_is_a_workspace(self):
+        # A tasks/ folder and a state.lock file are ordinary project content.
+        self.write("tasks/build.py", "print('build')\n")
+        self.write("state.lock", "")
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="lookalike")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
+
+    def test_a_store_is_refused_as_a_workspace(self):
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="outer")
+        res = srv.call("tc_init", root=self.store, name="inner")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("inside the checkpoint store", res.text)
+
     def test_compress_keeps_content_another_workspace_still_needs(self):
         store = os.path.join(self.tmp, "shared")
         other = os.path.join(self.tmp, "other")
