@@ -217,7 +217,9 @@ class ReadOnlyWorkspaceTests(WorkspaceTest):
         self.write("a.txt", "2\n")
         self.write("c.txt", "new\n")
         srv.ok("tc_save", root=self.root, title="two")
-        subprocess.run(["mount", "--bind", self.root, self.root], check=True)
+        if subprocess.run(["mount", "--bind", self.root, self.root],
+                          stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("bind mounts are not allowed here")
         try:
             subprocess.run(["mount", "-o", "remount,bind,ro", self.root], check=True)
             failed = srv.call("tc_restore", root=self.root, index=1, apply=True)
