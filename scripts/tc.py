@@ -653,7 +653,8 @@ def scan_tree(root, policy):
     files, skipped = {}, []
     excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
-    is_regular, file_mode = stat_mod.S_ISREG, stat_mod.S_IMODE
+    is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
+    make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
     stack = [("", False)]
     while stack:
         prefix, in_sensitive = stack.pop()
@@ -678,20 +679,19 @@ def scan_tree(root, policy):
                         if rel != store_rel:
                             stack.append((rel + "/", in_sensitive or sensitive_dir(name)))
                         continue
-                    if entry.is_symlink():
-                        skipped.append({"path": rel, "reason": "symlink (not followed)"})
-                        continue
                     st = entry.stat(follow_symlinks=False)
                 except OSError as exc:
                     skipped.append({"path": rel, "reason": "unreadable: %s"
                                     % (exc.strerror or exc)})
                     continue
-                if not is_regular(st.st_mode):
-                    skipped.append({"path": rel, "reason": "not a regular file"})
+                mode = st.st_mode
+                if not is_regular(mode):
+                    skipped.append({"path": rel, "reason": "symlink (not followed)"
+                                    if is_link(mode) else "not a regular file"})
                     continue
-                files[rel] = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                      st.st_dev, file_mode(st.st_mode),
-                                      in_sensitive or sensitive_file(name))
+                files[rel] = make_info(StatInfo, (
+                    st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                    mode & 0o7777, in_sensitive or sensitive_file(name)))
     return ScanResult(files, skipped, started)
 
 
