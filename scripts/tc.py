@@ -723,7 +723,7 @@ def diff_maps(old, new):
     return sorted(added), sorted(modified), sorted(deleted)
 
 
-def hash_file(path, *, limit=None):
+def hash_file(path):
     """(sha256 hex, bytes read) of a file, streamed."""
     digest = hashlib.sha256()
     total = 0
