@@ -15,8 +15,9 @@ Store layout (default ``<workspace>/.checkpoints``)::
     server.log                 log (never stdout)
     payload/<sha[:2]>/<sha>    content-addressed file copies
     journal/<op>.json          in-flight restore/import (rolled back if abandoned)
-    tasks/<id>/state.json, index.json, steps/sNNNN.json, drifts/dNNNN.json,
-               manifest/mNNNN.json (delta chain, full anchor every 20)
+    tasks/<id>/state.json, steps/sNNNN.json, drifts/dNNNN.json,
+               manifest/mNNNN.json (delta chain, full anchor every 20),
+               index.json + index.log (stat cache: table + appended changes)
 
 Guarantees: every store file is written atomically; every mutation happens
 under the store lock; content is written before what points at it; a restore
@@ -30,9 +31,13 @@ a hash but no content; the drift layer detects change by stat, not content.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import fnmatch
+import functools
+import gc
 import hashlib
 import json
 import os
@@ -231,6 +236,55 @@ def fsync_dir(path):
         fsync_path(path)
 
 
+_GC_PAUSE = {"depth": 0, "was_enabled": False}
+_GC_LOCK = threading.Lock()
+
+
+def gc_paused(fn):
+    """Run fn with the cyclic garbage collector paused (reference counting
+    still frees everything at once). A scan or an index parse allocates
+    thousands of small objects; each burst would otherwise start collections
+    that traverse every object the process holds, costing as much as the
+    file system calls themselves. Nested and concurrent calls share one pause."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        with _GC_LOCK:
+            if _GC_PAUSE["depth"] == 0:
+                _GC_PAUSE["was_enabled"] = gc.isenabled()
+                gc.disable()
+            _GC_PAUSE["depth"] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _GC_LOCK:
+                _GC_PAUSE["depth"] -= 1
+                if _GC_PAUSE["depth"] == 0 and _GC_PAUSE["was_enabled"]:
+                    gc.enable()
+    return paused
+
+
+_FLUSH_POOL = []
+_FLUSH_POOL_LOCK = threading.Lock()
+
+
+def fsync_paths(paths):
+    """fsync many files (and directories) at once. Issued from several
+    threads, so the file system commits them together in one journal flush
+    rather than one disk wait each; returns when all of them are durable."""
+    paths = list(dict.fromkeys(p for p in paths if os.name == "posix" or not os.path.isdir(p)))
+    if len(paths) < 3:
+        for path in paths:
+            fsync_path(path)
+        return
+    with _FLUSH_POOL_LOCK:
+        if not _FLUSH_POOL:
+            _FLUSH_POOL.append(concurrent.futures.ThreadPoolExecutor(
+                max_workers=8, thread_name_prefix="tc-fsync"))
+        pool = _FLUSH_POOL[0]
+    for _ in pool.map(fsync_path, paths):
+        pass
+
+
 def atomic_write(path, data, *, durable=True):
     """Write bytes to path through a unique temp file and a rename.
 
@@ -266,10 +320,19 @@ def write_json(path, obj, *, durable=True, sort_keys=True):
     atomic_write(path, dump_json(obj, sort_keys=sort_keys), durable=durable)
 
 
-def write_record(path, obj):
+def write_record(path, obj, later=None):
     """A store record: small, so each is made durable on its own (an fsync of
-    the file and its directory), which never flushes the user's files."""
-    write_json(path, obj, durable=True)
+    the file and its directory), which never flushes the user's files.
+
+    With a list `later`, the fsyncs are left to the caller: the record and
+    its directory are appended to it, for one fsync_paths before anything
+    that points at the record is written.
+    """
+    if later is None:
+        write_json(path, obj, durable=True)
+    else:
+        write_json(path, obj, durable=False)
+        later.extend((path, os.path.dirname(path)))
 
 
 def read_json(path):
@@ -742,8 +805,17 @@ def hash_file(path):
 # ---------------------------------------------------------------------------
 
 # Open for writing in place: never through a symlink, never blocking on a FIFO.
-WRITE_OVER_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+# No O_TRUNC: the new bytes are written over the old ones and the file is cut
+# to length afterwards. Truncating a file to zero and rewriting it makes ext4
+# (auto_da_alloc) start writeback on close, a disk wait per restored file.
+WRITE_OVER_FLAGS = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
                     | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+
+
+def open_over(dest):
+    """dest opened for writing over in place (created when missing); the
+    caller ends with truncate() at the final length."""
+    return os.fdopen(os.open(dest, WRITE_OVER_FLAGS, 0o600), "wb")
 
 
 def sync_filesystem(directory):
@@ -777,6 +849,7 @@ class PayloadStore:
         self.directory = directory
         self.pending = []  # payloads written since the last flush
         self._dirs = set()  # prefix directories known to exist
+        self._listings = {}  # prefix -> (mtime_ns, names), see missing()
 
     def path(self, sha):
         return os.path.join(self.directory, sha[:2], sha)
@@ -784,23 +857,49 @@ class PayloadStore:
     def has(self, sha):
         return os.path.isfile(self.path(sha))
 
-    def missing(self, shas):
+    def missing(self, shas, *, reuse_listings=False):
         """The shas with no stored content: one listing per prefix directory
-        rather than one stat per file."""
+        rather than one stat per file.
+
+        reuse_listings (for reports, never for a decision that writes): a
+        prefix directory whose modification time is unchanged, and was more
+        than a second old when it was listed, is not listed again.
+        """
         by_prefix = {}
         for sha in shas:
             by_prefix.setdefault(sha[:2], []).append(sha)
+        mtimes = self._prefix_mtimes() if reuse_listings and len(by_prefix) > 16 else None
         out = []
         for prefix, group in by_prefix.items():
-            if len(group) < 4:
+            if mtimes is None and len(group) < 4:
                 out.extend(sha for sha in group if not self.has(sha))
                 continue
-            try:
-                names = set(os.listdir(os.path.join(self.directory, prefix)))
-            except OSError:
-                names = set()
+            names = self._listing(prefix, mtimes)
             out.extend(sha for sha in group if sha not in names)
         return out
+
+    def _prefix_mtimes(self):
+        try:
+            with os.scandir(self.directory) as it:
+                return {e.name: e.stat(follow_symlinks=False).st_mtime_ns for e in it}
+        except OSError:
+            return {}
+
+    def _listing(self, prefix, mtimes):
+        mtime = None if mtimes is None else mtimes.get(prefix)
+        if mtimes is not None and mtime is None:
+            return ()
+        cached = self._listings.get(prefix)
+        if cached is not None and mtime is not None and cached[0] == mtime:
+            return cached[1]
+        listed_at = time.time_ns()
+        try:
+            names = frozenset(os.listdir(os.path.join(self.directory, prefix)))
+        except OSError:
+            return ()
+        if mtime is not None and mtime < listed_at - RACY_MARGIN_NS:
+            self._listings[prefix] = (mtime, names)
+        return names
 
     def size(self, sha):
         try:
@@ -905,13 +1004,14 @@ class PayloadStore:
         One flush before the manifest that points at them gives the same
         guarantee as an fsync per file, at a fraction of the cost.
         """
+        self.flush_with([])
+
+    def flush_with(self, later):
+        """flush(), together with the store records listed in later (see write_record)."""
         pending, self.pending = self.pending, []
-        if not pending:
-            return
         if len(pending) > 64 and sync_filesystem(self.directory):
             return  # many files: one flush of the file system beats an fsync each
-        for path in pending:
-            fsync_path(path)
+        fsync_paths(pending + sorted({os.path.dirname(p) for p in pending}) + later)
 
     def copy_out(self, sha, dest, mode):
         """Write the payload to dest (a new file), verifying its hash."""
@@ -942,12 +1042,12 @@ class PayloadStore:
             src = open(self.path(sha), "rb")
         except FileNotFoundError:
             raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
-        flags = WRITE_OVER_FLAGS
         digest = hashlib.sha256()
-        with src, os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
+        with src, open_over(dest) as out:
             for block in iter(lambda: src.read(CHUNK), b""):
                 digest.update(block)
                 out.write(block)
+            out.truncate()
         if digest.hexdigest() != sha:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
         os.chmod(dest, mode)
@@ -958,19 +1058,19 @@ class PayloadStore:
         hash to sha; dest is journaled by the caller, whose rollback undoes it."""
         store_tmp = None
         digest = hashlib.sha256()
-        flags = WRITE_OVER_FLAGS
         try:
-            with open(src, "rb") as fh, os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
+            with open(src, "rb") as fh, open_over(dest) as out:
+                copy = None
                 if not self.has(sha):
                     fd, store_tmp = tempfile.mkstemp(prefix=".tmp-", dir=self._prefix_dir(sha))
                     copy = os.fdopen(fd, "wb")
-                else:
-                    copy = None
-                with copy if copy else open(os.devnull, "wb") as extra:
+                with copy if copy else contextlib.nullcontext():
                     for block in iter(lambda: fh.read(CHUNK), b""):
                         digest.update(block)
                         out.write(block)
-                        extra.write(block)
+                        if copy:
+                            copy.write(block)
+                out.truncate()
             if digest.hexdigest() != sha:
                 raise InvalidArgument("the package file %r changed while it was imported" % src)
             os.chmod(dest, mode)
@@ -1022,6 +1122,7 @@ class ManifestLog:
     def path(self, number):
         return os.path.join(self.directory, "m%04d.json" % number)
 
+    @gc_paused
     def load(self, number):
         """The full {path: entry} map of manifest number (0 is the empty map)."""
         if not number:
@@ -1056,7 +1157,7 @@ class ManifestLog:
             self._cache.pop(next(iter(self._cache), None), None)
         self._cache[number] = result
 
-    def append(self, number, new_map, *, base):
+    def append(self, number, new_map, *, base, later=None):
         """Write manifest number as a delta on base, or a full anchor when due."""
         base_map = self.load(base) if base else {}
         depth = self.depth(base) + 1 if base else ANCHOR_EVERY
@@ -1068,7 +1169,7 @@ class ManifestLog:
             changes.update({p: None for p in base_map if p not in new_map})
             doc = {"n": number, "full": False, "depth": depth, "base": base,
                    "changes": changes}
-        write_record(self.path(number), doc)
+        write_record(self.path(number), doc, later)
         self._remember(number, dict(new_map))
         return self.path(number)
 
@@ -1121,6 +1222,8 @@ class TaskRecords:
         self.directory = os.path.join(store_dir, "tasks", task_id)
         self.manifests = ManifestLog(os.path.join(self.directory, "manifest"))
         self._index_cache = (None, None)
+        self._derived = {}
+        self.index_error = None  # why the index file did not parse, if it did not
 
     @property
     def state_path(self):
@@ -1179,39 +1282,145 @@ class TaskRecords:
     def drift_numbers(self):
         return self._numbers("drifts", "d")
 
+    @gc_paused
     def read_index(self):
         """{"stamp_ns", "files": {rel: row}}; row = [size, mtime, ctime, ino, dev, mode, kind, sha].
 
-        The parsed index is kept while the file's identity (inode, size,
-        mtime) is unchanged; every write replaces the file, so a write by any
-        process is seen. Callers must not mutate the returned document.
+        index.json holds the table as of its last full write; index.log
+        holds the changes since, one JSON line per write (see write_index).
+        The parsed result is kept while both files keep their identity
+        (inode, size, mtime), so a write by any process is seen. Callers
+        must not mutate the returned document.
         """
         try:
             st = os.stat(self.index_path)
         except FileNotFoundError:
+            self.index_error = None
             return {"stamp_ns": 0, "files": {}}
-        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev)
+        key = self._index_key(st)
         cached_key, cached = self._index_cache
         if cached_key == key:
             return cached
         try:
             doc = read_json_or(self.index_path, None) or {"stamp_ns": 0, "files": {}}
-            if not isinstance(doc.get("files"), dict):
+            if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
                 raise StoreCorrupt("index %r has no file table" % self.index_path)
-        except StoreCorrupt:
+        except StoreCorrupt as exc:
             # Only a stat cache: without it every file is read again and the
             # next write replaces it. tc_resume's health reports the damage.
+            self.index_error = str(exc)
             return {"stamp_ns": 0, "files": {}}
+        if key[1] is not None:
+            self._apply_index_log(doc)
+        self.index_error = None
         self._index_cache = (key, doc)
         return doc
 
-    def write_index(self, index_doc):
-        # A stat cache: losing it to a power cut only costs re-reading files.
+    def _index_key(self, st=None):
+        """Identity of index.json and index.log together (None parts: missing)."""
+        try:
+            st = st or os.stat(self.index_path)
+            base = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev)
+        except FileNotFoundError:
+            base = None
+        try:
+            lst = os.stat(self.index_log_path)
+            log = (lst.st_ino, lst.st_size, lst.st_mtime_ns)
+        except FileNotFoundError:
+            log = None
+        return base, log
+
+    def _apply_index_log(self, doc):
+        """Replay index.log onto its base; stops at the first line that does not
+        parse or belongs to another base (a torn append, or a log left beside
+        a newer base). doc["log_ok"] says whether every line applied."""
+        files, gen, ok = doc["files"], doc.get("gen"), True
+        try:
+            with open(self.index_log_path, "rb") as fh:
+                lines = fh.read().split(b"\n")
+        except OSError:
+            lines = []
+        if lines and lines[-1] == b"":
+            lines.pop()
+        for line in lines:
+            try:
+                change = json.loads(line)
+                if gen is None or change["gen"] != gen:
+                    raise ValueError("another base")
+                files.update(change["set"])
+                for rel in change["del"]:
+                    files.pop(rel, None)
+                doc["stamp_ns"] = change["stamp_ns"]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                ok = False
+                break
+        doc["log_ok"] = ok
+
+    @property
+    def index_log_path(self):
+        return os.path.join(self.directory, "index.log")
+
+    def write_index(self, index_doc, entries=None, *, whole=False):
+        """Record index_doc as the index; entries, when given, are its recorded
+        entries (what index_entries would compute), kept for the next call.
+
+        When this process holds the index as it is on disk, only the rows
+        that changed are appended to index.log, until the log outgrows a
+        quarter of index.json; then (or with whole=True) index.json is
+        rewritten and the log removed. A stat cache: nothing here is
+        fsync'd, and losing it only costs re-reading files.
+        """
+        cached_key, old = self._index_cache
         self._index_cache = (None, None)
+        rows = index_doc["files"]
+        key = self._index_key() if (old is not None and not whole) else None
+        if (key is not None and key == cached_key and old.get("gen")
+                and old.get("log_ok", True)):
+            old_rows = old["files"]
+            changed = {rel: row for rel, row in rows.items()
+                       if old_rows.get(rel) is not row and old_rows.get(rel) != row}
+            gone = ([rel for rel in old_rows if rel not in rows]
+                    if len(old_rows) + len(changed) != len(rows) else [])
+            line = dump_json({"gen": old["gen"], "stamp_ns": index_doc["stamp_ns"],
+                              "set": changed, "del": gone}, sort_keys=False) + b"\n"
+            log_size = key[1][1] if key[1] else 0
+            if log_size + len(line) <= max(key[0][1] // 4, 65536):
+                with open(self.index_log_path, "ab") as fh:
+                    fh.write(line)
+                index_doc["gen"], index_doc["log_ok"] = old["gen"], True
+                self._keep_index(index_doc, entries)
+                return
+        index_doc["gen"] = secrets.token_hex(8)
+        index_doc.pop("log_ok", None)
         write_json(self.index_path, index_doc, durable=False, sort_keys=False)
-        st = os.stat(self.index_path)
+        remove_file(self.index_log_path)
+        self._keep_index(index_doc, entries)
+
+    def _keep_index(self, index_doc, entries):
         # What was just written is what a read would parse: keep it.
-        self._index_cache = ((st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev), index_doc)
+        self._index_cache = (self._index_key(), index_doc)
+        self.index_error = None
+        if entries is not None:
+            self._derived = {"doc": index_doc, "entries": entries}
+
+    def _derive(self, doc, name, build):
+        """A map computed from an index document once, while it is the current one."""
+        if self._derived.get("doc") is not doc:
+            self._derived = {"doc": doc}
+        value = self._derived.get(name)
+        if value is None:
+            value = self._derived[name] = build(doc["files"])
+        return value
+
+    def index_entries(self, doc):
+        """{rel: manifest entry} of the files an index document records."""
+        return self._derive(doc, "entries",
+                            lambda files: {rel: row_to_entry(row) for rel, row in files.items()})
+
+    def index_keys(self, doc):
+        """{rel: stat key} of an index document, for stat-only comparisons."""
+        return self._derive(doc, "keys",
+                            lambda files: {rel: tuple(row[:5]) for rel, row in files.items()})
 
 
 def index_row(info, kind, sha):
@@ -2317,23 +2526,41 @@ class Store:
 
         A save cut off after its step (and the manifest and drift before it)
         landed but before the state file moved leaves complete records; they
-        stay, and new records get numbers after them.
+        stay, and new records get numbers after them. A record beyond the
+        state that does not parse (its bytes never reached the disk before a
+        power cut; the state never pointed at it) is removed.
         """
         records = self.task(task_id)
         try:
             state = records.read_state()
         except (NotFound, StoreCorrupt):
             return
-        found = {"last_step": records.step_numbers(), "last_drift": records.drift_numbers(),
-                 "last_manifest": records._numbers("manifest", "m")}
+        found = {"last_step": (records.step_numbers(), records.step_path),
+                 "last_drift": (records.drift_numbers(), records.drift_path),
+                 "last_manifest": (records._numbers("manifest", "m"), records.manifests.path)}
         changed = False
-        for key, numbers in found.items():
-            if numbers and numbers[-1] > state.get(key, 0):
-                state[key] = numbers[-1]
+        for key, (numbers, path_of) in found.items():
+            kept = [n for n in numbers if n <= state.get(key, 0) or self._whole(path_of(n))]
+            if kept and kept[-1] > state.get(key, 0):
+                state[key] = kept[-1]
                 changed = True
         if changed:
             self.log("task %s: counted records left by an interrupted write" % task_id)
             records.write_state(state)
+
+
+    def _whole(self, path):
+        """True when a record left beyond its task's state parses; else it is removed."""
+        try:
+            if isinstance(read_json(path), dict):
+                return True
+        except StoreCorrupt:
+            pass
+        except OSError:
+            return False
+        self.log("removed %r, a record an interrupted write left incomplete" % path)
+        remove_file(path)
+        return False
 
 
 def sweep_temp_files(directory):
@@ -2563,44 +2790,58 @@ class Checkpoints:
 
     # -- snapshots ----------------------------------------------------------
 
-    def _trusted(self, row, info, stamp_ns, *, strict=False):
-        """May the indexed sha stand for the file? strict (restores) never
-        settles for TC_SHA_REUSE's mtime+size: an undo must hold real bytes."""
-        if row is None or self.config.full_hash:
-            return False
+    def _trust_test(self, stamp_ns, strict):
+        """The test that lets an indexed row stand for a scanned file without
+        reading it, or None when every file must be read. strict (restores)
+        never settles for TC_SHA_REUSE's mtime+size: an undo must hold real
+        bytes. The default is git's stat cache: all five stat fields equal and
+        neither time at or after the moment the index was written (racily clean)."""
+        if self.config.full_hash:
+            return None
         if self.config.sha_reuse and not strict:
-            return row[0] == info.size and row[1] == info.mtime_ns
+            return lambda row, info: row[0] == info[0] and row[1] == info[1]
         if not STAT_CACHE_SUPPORTED:
-            return False
-        return (tuple(row[:5]) == stat_key(info) and row[1] < stamp_ns and row[2] < stamp_ns)
+            return None
+        return lambda row, info: (row[1] < stamp_ns and row[2] < stamp_ns
+                                  and row[0] == info[0] and row[1] == info[1]
+                                  and row[2] == info[2] and row[3] == info[3]
+                                  and row[4] == info[4])
 
-    def _snapshot(self, ws, *, store_content, verify_payloads=False):
+    @gc_paused
+    def _snapshot(self, ws, *, store_content, strict=False):
         """Entries and index rows of the workspace as it is now.
 
         Re-reads only files the stat cache cannot vouch for; stores content of
         what it reads when store_content is set (sensitive files never read).
+        A file the cache vouches for keeps its old row and entry objects, so
+        comparing the result with the index is mostly identity checks.
         """
         # A preview writes nothing, not even the clock file; its rows are not kept.
         stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
                     else time.time_ns() - RACY_MARGIN_NS)
         scan = scan_tree(ws.root, self._policy(ws))
         index_doc = ws.records.read_index()
-        old_rows, old_stamp = index_doc["files"], index_doc.get("stamp_ns", 0)
-        payloads = ws.store.payloads
+        old_rows = index_doc["files"]
+        old_entries = ws.records.index_entries(index_doc)
+        trusted = self._trust_test(index_doc.get("stamp_ns", 0), strict)
         entries, rows, skipped, created = {}, {}, list(scan.skipped), []
         reads = 0
         for rel, info in scan.files.items():
-            if info.sensitive:
+            if info[6]:  # sensitive: size and mtime only, never read
                 rows[rel] = index_row(info, KIND_SENSITIVE, None)
                 entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
                                               info.mtime_ns)
                 continue
             row = old_rows.get(rel)
-            if (self._trusted(row, info, old_stamp, strict=verify_payloads)
-                    and row[6] != KIND_SENSITIVE
-                    and not (verify_payloads and row[6] == KIND_FILE and not payloads.has(row[7]))):
-                rows[rel] = index_row(info, row[6], row[7])
-                entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
+            if row is not None and trusted is not None and row[6] != KIND_SENSITIVE \
+                    and trusted(row, info):
+                if (row[5] == info[5] and row[2] == info[2] and row[3] == info[3]
+                        and row[4] == info[4]):
+                    rows[rel] = row
+                    entries[rel] = old_entries[rel]
+                else:
+                    rows[rel] = index_row(info, row[6], row[7])
+                    entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
                 continue
             try:
                 kind, sha, size, mode = self._read_file(ws, rel, info, store_content, created)
@@ -2611,6 +2852,33 @@ class Checkpoints:
             rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
             entries[rel] = manifest_entry(kind, sha, size, mode)
         return Snapshot(entries, rows, reads, skipped, stamp_ns, created)
+
+    def _secure_undo(self, ws, snap, rels):
+        """Make sure the content the snapshot names for rels (files about to be
+        overwritten or deleted) is in the store, re-reading any whose stored
+        copy is gone (reclaimed by tc_compress). Only these files are checked,
+        not the whole workspace. Returns (snapshot, True when an entry changed)."""
+        entries, rows = snap.entries, snap.rows
+        wanted = {}
+        for rel in rels:
+            entry = entries.get(rel)
+            if entry is not None and entry[0] == KIND_FILE:
+                wanted.setdefault(entry[1], []).append(rel)
+        changed, reads = False, snap.reads
+        for sha in ws.store.payloads.missing(wanted):
+            for rel in wanted[sha]:
+                row = rows[rel]
+                info = StatInfo(row[0], row[1], row[2], row[3], row[4], row[5], False)
+                try:
+                    kind, new_sha, size, mode = self._read_file(ws, rel, info, True, snap.created)
+                except OSError as exc:
+                    raise Conflict("%r could not be read to keep its current content (%s); "
+                                   "nothing was changed" % (rel, describe_os_error(exc))) from None
+                reads += 1
+                rows[rel] = index_row(info._replace(size=size, mode=mode), kind, new_sha)
+                entries[rel] = manifest_entry(kind, new_sha, size, mode)
+                changed = changed or new_sha != sha
+        return snap._replace(reads=reads), changed
 
     def _read_file(self, ws, rel, info, store_content, created):
         full = os.path.join(ws.root, *rel.split("/"))
@@ -2632,24 +2900,23 @@ class Checkpoints:
         old_stamp = old_index.get("stamp_ns", 0)
         if snap.rows != old_index["files"] or any(
                 row[1] >= old_stamp or row[2] >= old_stamp for row in snap.rows.values()):
-            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows})
+            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
+                                   entries=snap.entries)
 
     def _record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
-                      head_before=None, reason=None, lists=None):
+                      head_before=None, reason=None, lists=None, later=None):
         """Write a manifest and a drift record for entries; returns the record.
 
         lists (added, modified, deleted) overrides the diff against old_entries.
+        later: see _record_manifest.
         """
         added, modified, deleted = lists or diff_maps(old_entries, entries)
-        ws.store.payloads.flush()
-        number = state["last_manifest"] + 1
-        ws.records.manifests.append(number, entries, base=state["last_manifest"])
-        state["last_manifest"] = number
+        number = self._record_manifest(ws, state, entries, later)
         drift_no = state["last_drift"] + 1
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
                            head_before=head_before, reason=reason)
-        write_record(ws.records.drift_path(drift_no), drift)
+        write_record(ws.records.drift_path(drift_no), drift, later)
         state["last_drift"] = drift_no
         return drift
 
@@ -2727,7 +2994,8 @@ class Checkpoints:
         snap = self._snapshot(ws, store_content=True)
         drift = self._record_drift(ws, ws.state, snap.entries, {}, kind="baseline")
         ws.state["index_manifest"] = drift["manifest"]
-        ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows})
+        ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
+                               entries=snap.entries)
         return drift["id"]
 
     def switch(self, root, task_id):
@@ -2804,14 +3072,15 @@ class Checkpoints:
         state_before = dict(state)
         old_index = ws.records.read_index()
         snap = self._snapshot(ws, store_content=True)
-        old_entries = recorded_entries(old_index)
+        old_entries = ws.records.index_entries(old_index)
         drift_id = None
+        later = []  # records made durable together with the payloads, before the state
         if snap.entries != old_entries or not state.get("index_manifest"):
             if state.get("index_manifest"):
                 drift_id = self._record_drift(ws, state, snap.entries, old_entries,
-                                              kind="save")["id"]
+                                              kind="save", later=later)["id"]
             else:
-                self._record_manifest(ws, state, snap.entries)
+                self._record_manifest(ws, state, snap.entries, later)
             state["index_manifest"] = state["last_manifest"]
         manifest_no = state["index_manifest"]
         head = ws.records.read_step(state["head"]) if state["head"] else None
@@ -2826,12 +3095,13 @@ class Checkpoints:
                                  conclusion=conclusion, next_step=next_step, verified=verified,
                                  open_questions=open_questions, manifest=manifest_no,
                                  drift_id=drift_id, groups=result["groups"])
-            write_record(ws.records.step_path(index), new_step)
+            write_record(ws.records.step_path(index), new_step, later)
             state["last_step"] = state["head"] = index
             state["head_manifest"] = manifest_no
         if close:
             state["status"] = "closed"
             state["closed"] = now_iso()
+        ws.store.payloads.flush_with(later)
         if state != state_before:  # an idempotent save leaves the state file alone
             ws.records.write_state(state)
         self._write_index(ws, snap, old_index)
@@ -2851,10 +3121,15 @@ class Checkpoints:
         return (head["manifest"] == manifest_no
                 or ws.records.manifests.load(head["manifest"]) == entries)
 
-    def _record_manifest(self, ws, state, entries):
-        ws.store.payloads.flush()
+    def _record_manifest(self, ws, state, entries, later=None):
+        """Write the next manifest. Without `later`, the payloads it names are
+        flushed before it and it is made durable at once; with a list, the
+        caller flushes payloads and records together (flush_with) before the
+        state that points at them is written."""
+        if later is None:
+            ws.store.payloads.flush()
         number = state["last_manifest"] + 1
-        ws.records.manifests.append(number, entries, base=state["last_manifest"])
+        ws.records.manifests.append(number, entries, base=state["last_manifest"], later=later)
         state["last_manifest"] = number
         return number
 
@@ -2921,6 +3196,7 @@ class Checkpoints:
 
     # -- tc_resume ----------------------------------------------------------
 
+    @gc_paused
     def resume(self, root, *, task_id=None):
         """Read-only: where the task stands, and what changed since it was recorded."""
         ws = self._workspace(root, task_id, lenient=True)
@@ -2970,14 +3246,13 @@ class Checkpoints:
 
     def _read_index_checked(self, ws, errors):
         try:
-            read_json(ws.records.index_path)
-        except FileNotFoundError:
-            pass
-        except StoreCorrupt as exc:
-            errors.append("%s (it is rebuilt by the next save)" % exc)
+            doc = ws.records.read_index()
         except OSError as exc:
             errors.append("cannot read %r: %s" % (ws.records.index_path, describe_os_error(exc)))
-        return ws.records.read_index()
+            return {"stamp_ns": 0, "files": {}}
+        if ws.records.index_error:
+            errors.append("%s (it is rebuilt by the next save)" % ws.records.index_error)
+        return doc
 
     @staticmethod
     def _drift_paths(scan, index_doc):
@@ -3018,7 +3293,7 @@ class Checkpoints:
         except CheckpointError as exc:
             return [str(exc)]
         lost = set(ws.store.payloads.missing({e[1] for e in entries.values()
-                                              if e[0] == KIND_FILE}))
+                                              if e[0] == KIND_FILE}, reuse_listings=True))
         missing = [p for p, e in entries.items() if e[0] == KIND_FILE and e[1] in lost]
         if missing:
             return ["content of %d file(s) of step %d is missing from the store, e.g. %r"
@@ -3027,6 +3302,7 @@ class Checkpoints:
 
     # -- tc_capture ---------------------------------------------------------
 
+    @gc_paused
     def unrecorded_signature(self, root):
         """Stat-only description of unrecorded changes (empty when there are none)."""
         with self._guard:
@@ -3036,15 +3312,13 @@ class Checkpoints:
             return ()
         if ws.state["status"] != "open":
             return ()
-        index_doc = ws.records.read_index()
-        rows = index_doc["files"]
+        keys = ws.records.index_keys(ws.records.read_index())
         scan = scan_tree(ws.root, self._policy(ws))
-        changed = []
-        for rel, info in scan.files.items():
-            row = rows.get(rel)
-            if row is None or tuple(row[:5]) != stat_key(info):
-                changed.append((rel,) + stat_key(info))
-        changed.extend((rel,) for rel in rows if rel not in scan.files)
+        files = scan.files
+        changed = [(rel,) + info[:5] for rel, info in files.items()
+                   if keys.get(rel) != info[:5]]
+        if len(keys) + len(changed) > len(files):  # something recorded is gone
+            changed.extend((rel,) for rel in keys if rel not in files)
         return tuple(sorted(changed))
 
     def capture(self, root, *, source="capture", partial=False):
@@ -3059,12 +3333,14 @@ class Checkpoints:
                 raise TaskClosed("task %r is closed; nothing is recorded for it" % ws.task_id)
             old_index = ws.records.read_index()
             snap = self._snapshot(ws, store_content=True)
-            old_entries = recorded_entries(old_index)
+            old_entries = ws.records.index_entries(old_index)
             drift = None
             if snap.entries != old_entries:
+                later = []
                 drift = self._record_drift(ws, state, snap.entries, old_entries, kind=source,
-                                           partial=partial or waiting)
+                                           partial=partial or waiting, later=later)
                 state["index_manifest"] = drift["manifest"]
+                ws.store.payloads.flush_with(later)
                 ws.records.write_state(state)
             self._write_index(ws, snap, old_index)
         self._watch(ws.root, ws.store)
@@ -3096,9 +3372,15 @@ class Checkpoints:
                                      "(apply: false) but not applied" % ws.task_id)
             target_no, head_after = self._restore_target(ws, state, index, drift_id)
             target = ws.records.manifests.load(target_no)
-            snap = self._snapshot(ws, store_content=apply, verify_payloads=apply)
+            snap = self._snapshot(ws, store_content=apply, strict=apply)
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                 skipped=snap.skipped, policy=self._policy(ws))
+            if apply:
+                snap, changed = self._secure_undo(ws, snap,
+                                                  plan["to_delete"] + plan["to_replace"])
+                if changed:
+                    plan = plan_restore(target, snap.entries, ws.store.payloads.has,
+                                        skipped=snap.skipped, policy=self._policy(ws))
             recovered = None
             if apply:
                 recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
@@ -3141,6 +3423,7 @@ class Checkpoints:
         journal.add_store_new(ws.records.drift_path(state["last_drift"] + 1))
         journal.backup_store_file(ws.records.state_path)
         journal.backup_store_file(ws.records.index_path)
+        journal.backup_store_file(ws.records.index_log_path)
         journal.begin(payloads_new=snap.created)
         try:
             self._apply_plan(ws, journal, target, plan)
@@ -3155,7 +3438,7 @@ class Checkpoints:
             entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state(state)
-            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": rows})
+            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": rows}, whole=True)
         except BaseException as exc:
             self._undo(journal, "restore", exc)
         journal.finish()
@@ -3432,6 +3715,7 @@ class Checkpoints:
         before_pending = len(payloads.pending)
         # The workspace as it is, content stored: the undo point for overwritten files.
         pre = self._snapshot(ws, store_content=True)
+        pre, _ = self._secure_undo(ws, pre, [f["path"] for f in desc["files"]])
         targets = [(f["path"], safe_workspace_path(ws.root, f["path"])) for f in desc["files"]]
         journal = Journal(ws.store, "import", ws.root)
         overwritten = []
@@ -3492,7 +3776,7 @@ class Checkpoints:
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import")["id"]
-        ws.records.write_index({"stamp_ns": pre.stamp_ns, "files": rows})
+        ws.records.write_index({"stamp_ns": pre.stamp_ns, "files": rows}, whole=True)
         ws.records.write_state(state)
         active = ws.store.read_current()
         self._suspend(ws.store, active.get(ws.root))

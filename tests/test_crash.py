@@ -236,6 +236,45 @@ class KillDuringSave(CrashTest):
         self.check_store(srv)
 
 
+class TornRecords(CrashTest):
+
+    def test_records_beyond_the_state_that_never_reached_the_disk_are_dropped(self):
+        # What a power cut can leave after a save's records were written but
+        # before they were flushed and the state pointed at them: names whose
+        # bytes are missing or cut short, and the store's "writing" marker.
+        write_bytes(self.root, "a.txt", b"one\n")
+        srv = self.server()
+        task = srv.ok("tc_init", root=self.root, name="torn")["task_id"]
+        srv.ok("tc_save", **self.save_args("one"))
+        write_bytes(self.root, "a.txt", b"two\n")
+        srv.ok("tc_save", **self.save_args("two"))
+        srv.close()
+        task_dir = os.path.join(self.store, "tasks", task)
+        with open(os.path.join(task_dir, "state.json"), encoding="utf-8") as fh:
+            state = json.load(fh)
+        torn = [os.path.join(task_dir, "steps", "s%04d.json" % (state["last_step"] + 1)),
+                os.path.join(task_dir, "drifts", "d%04d.json" % (state["last_drift"] + 1)),
+                os.path.join(task_dir, "manifest", "m%04d.json" % (state["last_manifest"] + 1))]
+        for path, data in zip(torn, (b"", b'{"index": 3, "tit', b"\0" * 64)):
+            with open(path, "wb") as fh:
+                fh.write(data)
+        with open(os.path.join(self.store, "writing"), "wb"):
+            pass
+
+        srv = self.server()
+        write_bytes(self.root, "a.txt", b"three\n")
+        third = srv.ok("tc_save", **self.save_args("three"))
+        self.assertEqual(third["index"], 3)
+        self.assertEqual(self.step_indices(srv), [1, 2, 3])
+        self.check_store(srv)
+        for path in torn:
+            with open(path, "rb") as fh:
+                json.loads(fh.read())  # the name now holds a whole record of the new save
+        srv.ok("tc_restore", root=self.root, index=2, apply=True)
+        with open(os.path.join(self.root, "a.txt"), "rb") as fh:
+            self.assertEqual(fh.read(), b"two\n")
+
+
 class KillDuringRestore(CrashTest):
 
     def test_sigkill_during_restore_rolls_back_or_completes(self):

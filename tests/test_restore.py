@@ -456,6 +456,35 @@ class HardLinks(RestoreTest):
             self.assertEqual(fh.read(), b"shared v2\n", "a restore changed a file outside the workspace")
 
 
+class LostContent(RestoreTest):
+
+    def payload_path(self, data):
+        sha = hashlib.sha256(data).hexdigest()
+        return os.path.join(self.store, "payload", sha[:2], sha)
+
+    def test_current_content_missing_from_the_store_is_read_again_before_overwriting(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("f.txt", b"one\n")
+        self.write("keep.txt", b"kept\n")
+        self.save(srv, "one")
+        current = b"two, saved and then lost from the store\n"
+        self.write("f.txt", current)
+        self.save(srv, "two")
+        time.sleep(0.05)
+        srv.ok("tc_capture", root=self.root)  # the index now vouches for f.txt without reading
+        lost = self.payload_path(current)
+        self.assertTrue(os.path.isfile(lost))
+        os.remove(lost)  # the stat cache still vouches for f.txt's sha
+
+        applied = self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(self.read("f.txt"), b"one\n")
+        self.assertTrue(os.path.isfile(lost), "the overwritten content was not stored again")
+        self.restore_ok(srv, drift_id=applied["recovered"], apply=True)
+        self.assertEqual(self.read("f.txt"), current)
+        self.assertEqual(self.read("keep.txt"), b"kept\n")
+
+
 class Refusals(RestoreTest):
 
     def setUp(self):

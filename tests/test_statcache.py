@@ -117,6 +117,58 @@ class StatCacheTest(WorkspaceTest):
         self.assertTrue(cap["captured"], cap)
         self.assertEqual(cap["reads"], 1, cap)
 
+    def test_index_changes_are_appended_and_read_back_by_a_new_server(self):
+        root = os.path.join(self.tmp, "log")
+        for number in range(60):
+            path = os.path.join(root, "d%d" % (number % 3), "f%d.txt" % number)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(b"content %d\n" % number)
+        task = self.srv.ok("tc_init", root=root, name="log", goal="stat cache")["task_id"]
+        task_dir = os.path.join(root, ".checkpoints", "tasks", task)
+        self.srv.ok("tc_save", root=root, title="one")
+        self.srv.ok("tc_capture", root=root)  # settles racily clean rows
+        base = os.stat(os.path.join(task_dir, "index.json"))
+
+        for number in (1, 2):
+            with open(os.path.join(root, "d%d" % number, "f%d.txt" % number), "ab") as fh:
+                fh.write(b"edit\n")
+            cap = self.srv.ok("tc_capture", root=root)
+            self.assertTrue(cap["captured"], cap)
+            self.assertEqual(cap["modified"], ["d%d/f%d.txt" % (number, number)], cap)
+            self.assertLessEqual(cap["reads"], 2, cap)
+        after = os.stat(os.path.join(task_dir, "index.json"))
+        self.assertEqual((after.st_ino, after.st_mtime_ns), (base.st_ino, base.st_mtime_ns),
+                         "a small change rewrote the whole index")
+        with open(os.path.join(task_dir, "index.log"), "rb") as fh:
+            lines = fh.read().splitlines()
+        self.assertGreaterEqual(len(lines), 2)
+        self.assertTrue(any(b"d1/f1.txt" in line for line in lines), lines)
+
+        self.srv.ok("tc_capture", root=root)  # settles the last edit's racy row
+        # A new process rebuilds the same table from index.json + index.log.
+        other = self.server()
+        quiet = other.ok("tc_capture", root=root)
+        self.assertEqual((quiet["captured"], quiet["reads"]), (False, 0), quiet)
+
+        # A torn last line is ignored; what it would have said is found again.
+        with open(os.path.join(task_dir, "index.log"), "ab") as fh:
+            fh.write(b'{"gen": "torn", "set": {"d0/f0.t')
+        with open(os.path.join(root, "d0", "f0.txt"), "ab") as fh:
+            fh.write(b"edit\n")
+        third = self.server()
+        cap = third.ok("tc_capture", root=root)
+        self.assertTrue(cap["captured"], cap)
+        self.assertEqual((cap["added"], cap["modified"], cap["deleted"]),
+                         ([], ["d0/f0.txt"], []), cap)
+        self.assertEqual(third.ok("tc_capture", root=root)["reads"], 0)
+        log = os.path.join(task_dir, "index.log")
+        if os.path.exists(log):  # a damaged log is replaced by a whole index, never extended
+            with open(log, "rb") as fh:
+                self.assertNotIn(b"torn", fh.read(), "a damaged log was appended to")
+        health = third.ok("tc_resume", root=root)["health"]
+        self.assertTrue(health["ok"], health)
+
     def test_mtime_put_back_with_os_utime(self):
         def edit(root, path, st):
             with open(path, "r+b") as fh:
