@@ -818,6 +818,15 @@ def open_over(dest):
     return os.fdopen(os.open(dest, WRITE_OVER_FLAGS, 0o600), "wb")
 
 
+def set_mode(fh, path, mode):
+    """Give the open file fh (named path) the permission bits mode, unless it has them."""
+    if hasattr(os, "fchmod"):
+        if stat_mod.S_IMODE(os.fstat(fh.fileno()).st_mode) != mode:
+            os.fchmod(fh.fileno(), mode)
+    else:
+        os.chmod(path, mode)
+
+
 def sync_filesystem(directory):
     """Flush the file system holding directory in one call (Linux syncfs,
     else a global sync); False where neither exists."""
@@ -1048,9 +1057,9 @@ class PayloadStore:
                 digest.update(block)
                 out.write(block)
             out.truncate()
+            set_mode(out, dest, mode)
         if digest.hexdigest() != sha:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
-        os.chmod(dest, mode)
 
     def import_file(self, src, dest, sha, mode):
         """Copy src into dest (created or truncated in place) and, when missing,
@@ -1071,9 +1080,9 @@ class PayloadStore:
                         if copy:
                             copy.write(block)
                 out.truncate()
+                set_mode(out, dest, mode)
             if digest.hexdigest() != sha:
                 raise InvalidArgument("the package file %r changed while it was imported" % src)
-            os.chmod(dest, mode)
             if store_tmp:
                 os.replace(store_tmp, self.path(sha))
                 self.pending.append(self.path(sha))
@@ -3438,7 +3447,7 @@ class Checkpoints:
             entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state(state)
-            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": rows}, whole=True)
+            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": rows})
         except BaseException as exc:
             self._undo(journal, "restore", exc)
         journal.finish()
