@@ -1459,8 +1459,10 @@ class Journal:
         self.store = store
         self.op_id = "%s-%d-%s" % (op, os.getpid(), secrets.token_hex(4))
         self.directory = os.path.join(store.directory, "journal", self.op_id)
-        self.data = {"op": op, "root": root, "entries": [], "created_dirs": [],
-                     "temp_files": [], "store_new": [],
+        # Staging names of the entries are derived (temp_name), not listed;
+        # new payloads are listed by sha.
+        self.data = {"op": op, "op_id": self.op_id, "root": root, "entries": [],
+                     "created_dirs": [], "store_new": [],
                      "store_new_dirs": [], "store_backup": {}, "payloads_new": []}
         self.started = False
 
@@ -1484,7 +1486,8 @@ class Journal:
             self.data["store_backup"][rel] = None
 
     def begin(self, payloads_new=()):
-        self.data["payloads_new"] = sorted(set(payloads_new))
+        """Write the plan; payloads_new: paths of payloads the operation added."""
+        self.data["payloads_new"] = sorted({os.path.basename(p) for p in payloads_new})
         self.store.payloads.flush()
         for name in set(self.data["store_backup"].values()) - {None}:
             fsync_path(os.path.join(self.directory, name))
@@ -1550,7 +1553,8 @@ def rollback_journal(store, directory, data=None):
     # leaves at most unreferenced content, never a rollback that cannot finish.
     remove_file(os.path.join(directory, "plan.json"))
     fsync_dir(directory)
-    for path in data["payloads_new"]:
+    for item in data["payloads_new"]:
+        path = item if os.sep in item or "/" in item else store.payloads.path(item)
         remove_file(path)
         remove_empty_dir(os.path.dirname(path))
     store.forget_caches()
@@ -1561,17 +1565,20 @@ def rollback_journal(store, directory, data=None):
 def _rollback_workspace(store, data):
     """Every journaled path back to its recorded content (or absence)."""
     root = data["root"]
+    temps = list(data.get("temp_files", ()))  # plans that listed their staging names
     for rel, before in reversed(data["entries"]):
         try:
             full = safe_workspace_path(root, rel)
         except UnsafePath:
             continue
+        if data.get("op_id"):
+            temps.append(sibling_temp(full, data["op_id"]))
         if before is None:
             if os.path.isfile(full):
                 remove_file(full)
         else:
             _put_back(store.payloads, full, before)
-    for tmp in data["temp_files"]:
+    for tmp in temps:
         if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
             remove_file(tmp)
     for rel in reversed(data["created_dirs"]):
@@ -3426,8 +3433,6 @@ class Checkpoints:
         for rel in plan["to_write"]:
             journal.add_entry(rel, None)
         journal.data["created_dirs"] = missing_dirs(ws.root, plan["to_write"] + plan["to_replace"])
-        journal.data["temp_files"] = [journal.temp_name(os.path.join(ws.root, *r.split("/")))
-                                      for r in plan["to_write"] + plan["to_replace"]]
         journal.add_store_new(ws.records.manifests.path(state["last_manifest"] + 1))
         journal.add_store_new(ws.records.drift_path(state["last_drift"] + 1))
         journal.backup_store_file(ws.records.state_path)
@@ -3744,7 +3749,6 @@ class Checkpoints:
         new_payloads = payloads.pending[before_pending:] + [
             payloads.path(f["sha256"]) for f in desc["files"] if not payloads.has(f["sha256"])]
         journal.data["created_dirs"] = missing_dirs(ws.root, [rel for rel, _ in targets])
-        journal.data["temp_files"] = [journal.temp_name(full) for _rel, full in targets]
         journal.data["store_new_dirs"] = [os.path.relpath(ws.records.directory, ws.store.directory)]
         journal.backup_store_file(ws.store.current_path)
         journal.begin(payloads_new=new_payloads + pre.created)
