@@ -1734,11 +1734,10 @@ class GitRefWriter:
 
     Contract:
     - Plumbing only: one rev-parse (git dir, common dir, work tree top),
-      for-each-ref (the task's refs), hash-object (only for content git
-      does not have yet), update-index, write-tree, commit-tree,
-      update-ref: seven processes for a save in a repository whose refs
-      are files (one more rev-parse when update-ref fails, to tell an
-      existing ref from another failure).
+      hash-object (only for content git does not have yet), update-index,
+      write-tree, commit-tree, update-ref: six processes for a save in a
+      repository whose refs are files (one more rev-parse when update-ref
+      fails, to tell an existing ref from another failure).
       Nothing moves HEAD, touches a branch, the user's index or the work
       tree: the index we build is a temporary GIT_INDEX_FILE inside the
       store, and the blobs come from the payload store, not from the work
@@ -1749,9 +1748,11 @@ class GitRefWriter:
       {name: value} (packed-refs overlaid by loose files, so `git
       pack-refs` is no change), and a sha256 of the stash reflog. These
       are read as files, with no process; the work tree is not compared,
-      since nothing here writes to it. A repository whose refs are not
-      files (reftable) is read through git instead: worktree list,
-      ls-files, for-each-ref and stash list, twice.
+      since nothing here writes to it. The task's existing checkpoint refs
+      are read from the same files. A repository whose refs are not files
+      (reftable) is read through git instead: worktree list, ls-files,
+      for-each-ref and stash list twice, and for-each-ref for the task's
+      refs.
     - The commit's tree root is the workspace directory. For a workspace
       that is a subdirectory of a larger repository the tree therefore
       holds paths relative to the workspace, not to the repository top
@@ -1905,6 +1906,9 @@ def reflog_message(message):
 def _step_key(ref):
     tail = ref.rsplit("/", 1)[-1]
     return int(tail[1:]) if tail[:1] == "s" and tail[1:].isdigit() else -1
+
+
+_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 def read_file_or_none(path):
@@ -2101,8 +2105,16 @@ class _GitRunner:
 
     def task_refs(self, task_id):
         """{ref name: commit id} of every checkpoint ref of the task."""
-        out, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)",
-                           GIT_REF_PREFIX + task_id + "/"])
+        prefix = GIT_REF_PREFIX + task_id + "/"
+        if self.refs_are_files:
+            # Loose before packed, as in the fingerprint; a loose ref wins.
+            loose = loose_refs(self.common_dir, prefix.rstrip("/"))
+            refs = {name: value for name, value in packed_refs(self.common_dir).items()
+                    if name.startswith(prefix)}
+            refs.update(loose)
+            return {name: value for name, value in refs.items()
+                    if value is not None and _OBJECT_ID.match(value)}
+        out, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)", prefix])
         refs = {}
         for line in out.decode("utf-8", "surrogateescape").splitlines():
             oid, _, name = line.partition(" ")
