@@ -1955,17 +1955,24 @@ def loose_refs(git_dir, under, exclude=None):
     return refs
 
 
-def packed_refs(common_dir):
-    """{ref name: object id} from <common_dir>/packed-refs ({} when absent);
-    the header comment and the `^<peeled>` lines are skipped."""
+def packed_refs(common_dir, within=None, exclude=None):
+    """{ref name: object id} from <common_dir>/packed-refs ({} when absent):
+    only names starting with `within` when given, none starting with
+    `exclude`. The header comment and the `^<peeled>` lines are skipped."""
     data = read_file_or_none(os.path.join(common_dir, "packed-refs"))
+    text = (data or b"").decode("utf-8", "surrogateescape")
+    if within is not None and within not in text:
+        return {}
     refs = {}
-    for line in (data or b"").splitlines():
-        if not line or line[:1] in (b"#", b"^"):
+    for line in text.splitlines():
+        if line[:1] in ("#", "^", ""):
             continue
-        oid, _, name = line.strip().partition(b" ")
-        if name:
-            refs[name.decode("utf-8", "surrogateescape")] = oid.decode("ascii", "replace")
+        oid, _, name = line.partition(" ")
+        name = name.rstrip()
+        if not name or (within is not None and not name.startswith(within)) \
+                or (exclude is not None and name.startswith(exclude)):
+            continue
+        refs[name] = oid
     return refs
 
 
@@ -2081,8 +2088,7 @@ class _GitRunner:
         if self.git_dir != self.common_dir:
             # A linked worktree: its per-worktree refs (bisect, worktree/...).
             own = loose_refs(self.git_dir, "refs", exclude=GIT_REF_PREFIX)
-        packed = {name: value for name, value in packed_refs(self.common_dir).items()
-                  if not name.startswith(GIT_REF_PREFIX)}
+        packed = packed_refs(self.common_dir, exclude=GIT_REF_PREFIX)
         packed.update(refs)
         head = read_file_or_none(os.path.join(self.git_dir, "HEAD"))
         return ("files",
@@ -2109,8 +2115,7 @@ class _GitRunner:
         if self.refs_are_files:
             # Loose before packed, as in the fingerprint; a loose ref wins.
             loose = loose_refs(self.common_dir, prefix.rstrip("/"))
-            refs = {name: value for name, value in packed_refs(self.common_dir).items()
-                    if name.startswith(prefix)}
+            refs = packed_refs(self.common_dir, within=prefix)
             refs.update(loose)
             return {name: value for name, value in refs.items()
                     if value is not None and _OBJECT_ID.match(value)}
