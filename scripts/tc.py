@@ -1878,9 +1878,9 @@ def git_environment(base=None):
     other GIT_* variable set for the server are deliberately ignored (they
     are often left behind by a hook or a wrapper and would redirect writes
     into another repository or into the user's index). The user's
-    configuration files stay readable. GIT_OPTIONAL_LOCKS=0 stops
-    `git status` from refreshing the user's index file, LC_ALL=C keeps the
-    output parseable, and the fixed identity means no user.name is needed.
+    configuration files stay readable. GIT_OPTIONAL_LOCKS=0 keeps git
+    from refreshing the user's index file as a side effect, LC_ALL=C keeps
+    the output parseable, and the fixed identity means no user.name is needed.
     """
     source = os.environ if base is None else base
     env = {k: v for k, v in source.items()
@@ -1958,12 +1958,26 @@ class GitRefWriter:
     """Writes each new step as a commit under refs/checkpoints/<task_id>/sNNNN.
 
     Contract:
-    - Plumbing only (rev-parse, for-each-ref, hash-object, update-index,
-      write-tree, commit-tree, update-ref; status/ls-files/stash list only
-      to read the fingerprint). Nothing moves HEAD, touches a branch, the
-      user's index or the work tree: the index we build is a temporary
-      GIT_INDEX_FILE inside the store, and the blobs come from the payload
-      store, not from the work tree.
+    - Plumbing only: one rev-parse (git dir, common dir, work tree top),
+      hash-object (only for content git does not have yet), update-index,
+      write-tree, commit-tree, update-ref: six processes for a save in a
+      repository whose refs are files (one more rev-parse when update-ref
+      fails, to tell an existing ref from another failure).
+      Nothing moves HEAD, touches a branch, the user's index or the work
+      tree: the index we build is a temporary GIT_INDEX_FILE inside the
+      store, and the blobs come from the payload store, not from the work
+      tree.
+    - With verify on, the repository is fingerprinted before and after
+      the ref is made: HEAD of the worktree's git dir, a sha256 of the
+      user's index file, every ref outside refs/checkpoints/ as parsed
+      {name: value} (packed-refs overlaid by loose files, so `git
+      pack-refs` is no change), and a sha256 of the stash reflog. These
+      are read as files, with no process; the work tree is not compared,
+      since nothing here writes to it. The task's existing checkpoint refs
+      are read from the same files. A repository whose refs are not files
+      (reftable) is read through git instead: worktree list, ls-files,
+      for-each-ref and stash list twice, and for-each-ref for the task's
+      refs.
     - The commit's tree root is the workspace directory. For a workspace
       that is a subdirectory of a larger repository the tree therefore
       holds paths relative to the workspace, not to the repository top
@@ -2119,12 +2133,111 @@ def _step_key(ref):
     return int(tail[1:]) if tail[:1] == "s" and tail[1:].isdigit() else -1
 
 
+_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def read_file_or_none(path):
+    """The bytes of a file; None when it is missing or cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def file_digest(path):
+    """sha256 hex of a file's bytes; None when it is missing or cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def loose_refs(git_dir, under, exclude=None):
+    """{ref name: stripped content} of the loose ref files below
+    <git_dir>/<under> ("refs" or a deeper prefix), leaving out the
+    directory `exclude` (a ref prefix such as "refs/checkpoints/") and
+    lock files. An unreadable file has the value None; a missing or
+    unreadable directory contributes nothing.
+    """
+    base = os.path.join(git_dir, *under.split("/"))
+    skip = os.path.join(git_dir, *exclude.strip("/").split("/")) if exclude else None
+    refs = {}
+    for dirpath, dirnames, filenames in os.walk(base):
+        if skip is not None:
+            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != skip]
+        for name in filenames:
+            if name.endswith(".lock"):
+                continue
+            full = os.path.join(dirpath, name)
+            data = read_file_or_none(full)
+            ref = os.path.relpath(full, git_dir).replace(os.sep, "/")
+            refs[ref] = None if data is None else data.strip().decode("utf-8", "surrogateescape")
+    return refs
+
+
+def packed_refs(common_dir, within=None, exclude=None):
+    """{ref name: object id} from <common_dir>/packed-refs ({} when absent):
+    only names starting with `within` when given, none starting with
+    `exclude`. The header comment and the `^<peeled>` lines are skipped."""
+    data = read_file_or_none(os.path.join(common_dir, "packed-refs"))
+    text = (data or b"").decode("utf-8", "surrogateescape")
+    if within is not None and within not in text:
+        return {}
+    refs = {}
+    for line in text.splitlines():
+        if line[:1] in ("#", "^", ""):
+            continue
+        oid, _, name = line.partition(" ")
+        name = name.rstrip()
+        if not name or (within is not None and not name.startswith(within)) \
+                or (exclude is not None and name.startswith(exclude)):
+            continue
+        refs[name] = oid
+    return refs
+
+
+def refs_are_files(common_dir):
+    """True when the repository keeps refs as files (loose + packed-refs).
+
+    False for the reftable backend (a `reftable` directory, or an
+    extensions.refStorage other than "files" in the config) and whenever
+    the config cannot be read: then git itself is asked.
+    """
+    if os.path.lexists(os.path.join(common_dir, "reftable")):
+        return False
+    data = read_file_or_none(os.path.join(common_dir, "config"))
+    if data is None:
+        return False
+    section = None
+    for raw in data.decode("utf-8", "replace").splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            end = line.find("]")
+            section = line[1:end].strip().lower() if end > 0 else ""
+            line = line[end + 1:].strip() if end > 0 else ""
+        if section != "extensions" or not line or line[0] in "#;":
+            continue
+        key, _, value = line.partition("=")
+        if key.strip().lower() == "refstorage":
+            value = re.split(r"[#;]", value, maxsplit=1)[0].strip().strip('"').strip()
+            if value.lower() != "files":
+                return False
+    return True
+
+
 class _GitRunner:
     """Runs git for one workspace: argument lists, bytes, stderr in the error."""
 
     def __init__(self, root, store_dir, env):
         self.root = root
         self.top = root
+        self.git_dir = self.common_dir = None
+        self.refs_are_files = False
         self.not_a_repo = None
         self.store_git = os.path.join(store_dir, "git")
         self.env = env
@@ -2152,37 +2265,86 @@ class _GitRunner:
         return proc.stdout, proc.returncode
 
     def discover(self):
-        """The repository's common git dir (a cache key), or None outside a repo."""
+        """The repository's common git dir (a cache key), or None outside a repo.
+
+        Also learns the worktree's own git dir (HEAD, index), the common dir
+        (shared refs, packed-refs, stash log), the top of the work tree and
+        whether refs are plain files, all from one `rev-parse`.
+        """
         try:
-            out, _ = self.run(["rev-parse", "--git-common-dir", "--show-toplevel"])
+            out, _ = self.run(["rev-parse", "--git-dir", "--git-common-dir",
+                               "--show-toplevel"])
         except GitCommandFailed as exc:
             if b"not a git repository" in exc.stderr:
                 self.not_a_repo = str(exc)
                 return None
             raise
         lines = out.decode("utf-8", "surrogateescape").splitlines()
-        if len(lines) < 2:
+        if len(lines) < 3:
             raise GitCommandFailed("git rev-parse gave no work tree for %r" % self.root)
-        self.top = lines[1]
-        return os.path.realpath(os.path.join(self.root, lines[0]))
+        # The two dirs may be printed relative to the directory git ran in.
+        self.git_dir = os.path.realpath(os.path.join(self.root, lines[0]))
+        self.common_dir = os.path.realpath(os.path.join(self.root, lines[1]))
+        self.top = lines[2]
+        self.refs_are_files = refs_are_files(self.common_dir)
+        return self.common_dir
 
     def fingerprint(self):
-        """What must not change: HEAD and branch, status, the index entries,
-        every ref outside refs/checkpoints/, the stash list."""
-        status, _ = self.run(["status", "--porcelain=v2", "--branch", "-z",
-                              "--untracked-files=normal"], cwd=self.top)
+        """What must not change: HEAD, the user's index, every ref outside
+        refs/checkpoints/, the stash. Read from the files when refs are
+        files; through git for any other ref backend."""
+        if self.refs_are_files:
+            return self._fingerprint_from_files()
+        return self._fingerprint_from_git()
+
+    def _fingerprint_from_files(self):
+        """No process: HEAD's content, a hash of the index file, the parsed
+        refs and a hash of the stash reflog. Missing or unreadable files
+        count as absent (None); nothing here raises.
+
+        Refs are compared as {name: value}, loose files overlaid on
+        packed-refs, so `git pack-refs` (same values, other file) is no
+        change. Loose files are read before packed-refs: pack-refs writes
+        the new packed-refs before it deletes the loose files, so a ref
+        being packed is always seen in one place or the other.
+        """
+        refs = loose_refs(self.common_dir, "refs", exclude=GIT_REF_PREFIX)
+        own = {}
+        if self.git_dir != self.common_dir:
+            # A linked worktree: its per-worktree refs (bisect, worktree/...).
+            own = loose_refs(self.git_dir, "refs", exclude=GIT_REF_PREFIX)
+        packed = packed_refs(self.common_dir, exclude=GIT_REF_PREFIX)
+        packed.update(refs)
+        head = read_file_or_none(os.path.join(self.git_dir, "HEAD"))
+        return ("files",
+                None if head is None else head.strip(),
+                file_digest(os.path.join(self.git_dir, "index")),
+                packed, own,
+                file_digest(os.path.join(self.common_dir, "logs", "refs", "stash")))
+
+    def _fingerprint_from_git(self):
+        """The same facts through git (a reftable repository). `worktree list`
+        gives HEAD (commit and branch) without scanning the work tree."""
+        heads, _ = self.run(["worktree", "list", "--porcelain"], cwd=self.top)
         index, _ = self.run(["ls-files", "-s", "-z"], cwd=self.top)
         refs, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)"],
                            cwd=self.top)
         user_refs = [line for line in refs.splitlines()
                      if not line.split(b" ", 1)[-1].startswith(GIT_REF_PREFIX.encode())]
         stash, _ = self.run(["stash", "list", "--format=%H %gd"], cwd=self.top)
-        return (status, index, tuple(user_refs), stash)
+        return ("git", heads, index, tuple(user_refs), stash)
 
     def task_refs(self, task_id):
         """{ref name: commit id} of every checkpoint ref of the task."""
-        out, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)",
-                           GIT_REF_PREFIX + task_id + "/"])
+        prefix = GIT_REF_PREFIX + task_id + "/"
+        if self.refs_are_files:
+            # Loose before packed, as in the fingerprint; a loose ref wins.
+            loose = loose_refs(self.common_dir, prefix.rstrip("/"))
+            refs = packed_refs(self.common_dir, within=prefix)
+            refs.update(loose)
+            return {name: value for name, value in refs.items()
+                    if value is not None and _OBJECT_ID.match(value)}
+        out, _ = self.run(["for-each-ref", "--format=%(objectname) %(refname)", prefix])
         refs = {}
         for line in out.decode("utf-8", "surrogateescape").splitlines():
             oid, _, name = line.partition(" ")

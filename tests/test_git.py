@@ -14,7 +14,7 @@ import subprocess
 import unittest
 
 import support
-from support import WorkspaceTest, git, make_git_repo, snapshot, write
+from support import WorkspaceTest, git, make_git_repo, read, snapshot, write
 
 SECRET_MARKERS = (b"env-secret-7f3a9c", b"cloud-credential-51d2e8", b"private-key-90b4aa")
 # Names the tool always leaves out of a scan, and sensitive names: never in a tree.
@@ -78,6 +78,19 @@ def user_state(repo):
     }
 
 
+def subcommand(call):
+    """The git command of a logged call: the first word after the -c options."""
+    words = call.split()
+    i = 0
+    while i < len(words) and words[i] == "-c":
+        i += 2
+    return words[i] if i < len(words) else ""
+
+
+def rev(repo, name):
+    return git(repo, "rev-parse", "--verify", "-q", name, check=False).decode().strip()
+
+
 def checkpoint_refs(repo):
     out = git(repo, "for-each-ref", "--format=%(refname)", "refs/checkpoints/")
     return out.decode().split()
@@ -97,15 +110,29 @@ class GitCase(WorkspaceTest):
         for path, want in expected.items():
             self.assertEqual(got[path], want, "%s in %s" % (path, ref))
 
-    def make_spy_git(self):
+    def make_spy_git(self, on_commit_tree=None):
         """A `git` first on PATH that logs each call, then runs the real git.
 
         Calls are logged one per line; the stdin of hash-object is appended
         to a second file, so a test can see which paths were hashed.
+        `on_commit_tree` is a shell command run once, just before the real
+        commit-tree, after arm_spy(): it changes the repository while a
+        save is between its two fingerprints.
         """
         spy_dir = os.path.join(self.tmp, "spy-bin")
         self.spy_log = os.path.join(self.tmp, "git-calls.log")
         self.spy_hashed = os.path.join(self.tmp, "git-hashed.log")
+        self.spy_flag = os.path.join(self.tmp, "spy-armed")
+        self.spy_action_log = os.path.join(self.tmp, "spy-action.log")
+        action = ""
+        if on_commit_tree:
+            action = (
+                "case \" $* \" in *\" commit-tree \"*)\n"
+                "  if [ -e '%(flag)s' ]; then rm -f '%(flag)s'\n"
+                "    ( %(action)s ) >> '%(alog)s' 2>&1 || echo ACTION-FAILED >> '%(alog)s'\n"
+                "  fi;;\n"
+                "esac\n"
+            ) % {"flag": self.spy_flag, "alog": self.spy_action_log, "action": on_commit_tree}
         script = (
             "#!/bin/sh\n"
             "printf '%%s\\n' \"$*\" >> '%(log)s'\n"
@@ -113,10 +140,20 @@ class GitCase(WorkspaceTest):
             "  tmp=$(mktemp); cat > \"$tmp\"; cat \"$tmp\" >> '%(hashed)s'\n"
             "  exec '%(git)s' \"$@\" < \"$tmp\";;\n"
             "esac\n"
-            "exec '%(git)s' \"$@\"\n"
         ) % {"log": self.spy_log, "hashed": self.spy_hashed, "git": REAL_GIT}
+        script += action + "exec '%s' \"$@\"\n" % REAL_GIT
         write(spy_dir, "git", script, mode=0o755)
         return {"PATH": spy_dir + os.pathsep + os.environ.get("PATH", "")}
+
+    def arm_spy(self):
+        """The next commit-tree runs the spy's action first."""
+        write(self.tmp, "spy-armed", "")
+
+    def spy_action_output(self):
+        if not os.path.exists(self.spy_action_log):
+            return ""
+        with open(self.spy_action_log, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
 
     def spy_calls(self):
         if not os.path.exists(self.spy_log):
@@ -361,6 +398,220 @@ class RefusalsAndFailuresTest(GitCase):
         self.assertEqual(result["git"]["ok"], True, result["git"])
         self.assertNotIn("huge.img", tree_files(self.root, ref_of(task, 1)))
         self.assertIn("small.txt", tree_files(self.root, ref_of(task, 1)))
+
+
+# The processes of a save that makes a ref with new content, in a repository
+# whose refs are files: the fingerprint is read from files, not from git.
+PLUMBING_ONLY = ["rev-parse", "hash-object", "update-index", "write-tree",
+                 "commit-tree", "update-ref"]
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+@unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+class FingerprintTest(GitCase):
+    """git.unchanged: what it proves, what it costs, what it must not confuse."""
+
+    def edit(self, title, root=None):
+        """A new file, so that the next save makes a new step."""
+        write(root or self.root, "edits/%s.txt" % title.replace(" ", "-"),
+              "edit for %s\n" % title)
+
+    def save(self, srv, title, root=None, edit=True):
+        """tc_save (after a fresh edit unless edit=False); returns
+        (git result, the git commands it ran)."""
+        if edit:
+            self.edit(title, root)
+        calls = len(self.spy_calls())
+        result = srv.ok("tc_save", root=root or self.root, title=title)
+        return result["git"], [subcommand(c) for c in self.spy_calls()[calls:]]
+
+    def prepare_busy_repository(self):
+        """A branch, a tag, two stashes, a staged edit, an untracked file."""
+        make_git_repo(self.root)
+        git(self.root, "commit", "-q", "--allow-empty", "-m", "second")
+        git(self.root, "branch", "feature", "HEAD~1")
+        git(self.root, "tag", "-a", "-m", "release", "v1", "HEAD~1")
+        for text in ("first stash\n", "second stash\n"):
+            self.write("README.txt", text)
+            git(self.root, "stash", "-q")
+        self.write("staged.txt", "staged\n")
+        git(self.root, "add", "staged.txt")
+        self.write("late.txt", "not in the index yet\n")
+
+    def test_verify_runs_no_status_ls_files_or_stash_process(self):
+        self.prepare_busy_repository()
+        srv, task = self.start(env=self.make_spy_git())
+        for step in (1, 2):
+            self.edit("step %d" % step)
+            before = user_state(self.root)
+            result, commands = self.save(srv, "step %d" % step, edit=False)
+            self.assertEqual(user_state(self.root), before)
+            self.assertEqual(result["ref"], ref_of(task, step), result)
+            self.assertIs(result["unchanged"], True, result)
+            self.assertEqual(commands, PLUMBING_ONLY, "git processes of save %d" % step)
+        self.assertEqual(rev(self.root, ref_of(task, 2) + "^"), rev(self.root, ref_of(task, 1)))
+
+    def start_with_action(self, action, **kwargs):
+        """A server whose git runs `action` (shell, in the workspace) inside
+        the next save that is armed, between the two fingerprints."""
+        srv, task = self.start(env=self.make_spy_git(on_commit_tree=action), **kwargs)
+        return srv, task
+
+    def assertChangedDuringSave(self, srv, task, step, root=None):
+        """An armed save: ref written, unchanged false; then an unarmed one: true."""
+        root = root or self.root
+        self.arm_spy()
+        result, commands = self.save(srv, "armed %d" % step, root=root)
+        self.assertFalse(os.path.exists(self.spy_flag), "the action did not run")
+        self.assertNotIn("ACTION-FAILED", self.spy_action_output())
+        self.assertEqual(result["ok"], True, result)
+        self.assertEqual(result["ref"], ref_of(task, step))
+        self.assertIn(ref_of(task, step), checkpoint_refs(root))
+        self.assertTrue(rev(root, ref_of(task, step) + "^{tree}"))
+        self.assertIs(result["unchanged"], False, "the repository changed during the save")
+        self.assertIn("commit-tree", commands)
+        calm, _ = self.save(srv, "calm %d" % (step + 1), root=root)
+        self.assertEqual(calm["ref"], ref_of(task, step + 1))
+        self.assertIs(calm["unchanged"], True, "an unchanged repository reads as unchanged")
+
+    def test_branch_moved_during_the_save_reads_as_changed(self):
+        self.prepare_busy_repository()
+        first = rev(self.root, "HEAD~1")
+        srv, task = self.start_with_action(
+            "'%s' update-ref refs/heads/main %s" % (REAL_GIT, first))
+        self.assertNotEqual(rev(self.root, "refs/heads/main"), first)
+        self.assertChangedDuringSave(srv, task, 1)
+        self.assertEqual(rev(self.root, "refs/heads/main"), first)
+
+    def test_branch_that_is_not_checked_out_is_watched_too(self):
+        self.prepare_busy_repository()
+        git(self.root, "pack-refs", "--all")
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".git", "refs", "heads", "feature")))
+        srv, task = self.start_with_action("'%s' branch -q -f feature main" % REAL_GIT)
+        self.assertChangedDuringSave(srv, task, 1)
+        self.assertEqual(rev(self.root, "feature"), rev(self.root, "main"))
+
+    def test_index_changed_during_the_save_reads_as_changed(self):
+        self.prepare_busy_repository()
+        srv, task = self.start_with_action("'%s' add late.txt" % REAL_GIT)
+        self.assertNotIn(b"late.txt", git(self.root, "ls-files"))
+        self.assertChangedDuringSave(srv, task, 1)
+        self.assertIn(b"late.txt", git(self.root, "ls-files"))
+        self.assertEqual(git(self.root, "cat-file", "blob", ref_of(task, 1) + ":late.txt"),
+                         b"not in the index yet\n")
+
+    def test_stash_entry_dropped_during_the_save_reads_as_changed(self):
+        self.prepare_busy_repository()
+        srv, task = self.start_with_action("'%s' stash drop -q 'stash@{1}'" % REAL_GIT)
+        stash_ref = rev(self.root, "refs/stash")
+        self.assertEqual(len(git(self.root, "stash", "list").splitlines()), 2)
+        self.assertChangedDuringSave(srv, task, 1)
+        # Only the stash reflog changed: refs/stash still names the same commit.
+        self.assertEqual(rev(self.root, "refs/stash"), stash_ref)
+        self.assertEqual(len(git(self.root, "stash", "list").splitlines()), 1)
+
+    def test_pack_refs_during_the_save_is_no_change(self):
+        self.prepare_busy_repository()
+        srv, task = self.start_with_action("'%s' pack-refs --all" % REAL_GIT)
+        loose_main = os.path.join(self.root, ".git", "refs", "heads", "main")
+        self.assertTrue(os.path.exists(loose_main))
+        self.edit("packed")
+        before = user_state(self.root)
+        self.arm_spy()
+        result, _ = self.save(srv, "packed", edit=False)
+        self.assertFalse(os.path.exists(self.spy_flag), "the action did not run")
+        self.assertFalse(os.path.exists(loose_main), "pack-refs ran")
+        self.assertIn(b" refs/heads/main\n", read(self.root, ".git/packed-refs"))
+        self.assertEqual(result["ref"], ref_of(task, 1), result)
+        self.assertIs(result["unchanged"], True, result)
+        self.assertEqual(user_state(self.root), before)
+
+    def test_pack_refs_between_saves(self):
+        self.prepare_busy_repository()
+        srv, task = self.start(env=self.make_spy_git())
+        first, _ = self.save(srv, "one")
+        self.assertIs(first["unchanged"], True, first)
+        git(self.root, "pack-refs", "--all")
+        loose = os.path.join(self.root, ".git", *ref_of(task, 1).split("/"))
+        self.assertFalse(os.path.exists(loose), "s0001 now lives in packed-refs only")
+        second, commands = self.save(srv, "two")
+        self.assertEqual(second["ok"], True, second)
+        self.assertEqual(second["ref"], ref_of(task, 2))
+        self.assertIs(second["unchanged"], True, second)
+        self.assertEqual(commands, PLUMBING_ONLY)
+        # The parent was found in packed-refs.
+        self.assertEqual(rev(self.root, ref_of(task, 2) + "^"), rev(self.root, ref_of(task, 1)))
+        # A packed ref of the task is never overwritten, and is seen
+        # without even trying to write it.
+        head = rev(self.root, "HEAD")
+        git(self.root, "update-ref", ref_of(task, 3), head)
+        git(self.root, "pack-refs", "--all")
+        third, commands = self.save(srv, "three")
+        self.assertEqual(third["reason"], "ref exists", third)
+        self.assertEqual(commands, ["rev-parse"])
+        self.assertEqual(rev(self.root, ref_of(task, 3)), head)
+        self.assertIs(third["unchanged"], True, third)
+
+    def test_linked_worktree(self):
+        repo = os.path.join(self.tmp, "repo")
+        os.makedirs(repo)
+        make_git_repo(repo)
+        git(repo, "worktree", "add", "-q", "-b", "side", self.root)
+        self.write("side.txt", "side work\n")
+        action = ("if [ -e late.txt ]; then '%(git)s' add late.txt;"
+                  " else '%(git)s' update-ref --no-deref HEAD HEAD; fi") % {"git": REAL_GIT}
+        srv, task = self.start_with_action(action)
+        self.edit("side")
+        before = user_state(self.root), user_state(repo)
+        result, commands = self.save(srv, "side", edit=False)
+        self.assertEqual((user_state(self.root), user_state(repo)), before)
+        self.assertEqual(result["ref"], ref_of(task, 1), result)
+        self.assertIs(result["unchanged"], True, result)
+        self.assertEqual(commands, PLUMBING_ONLY)
+        self.assertEqual(checkpoint_refs(repo), [ref_of(task, 1)])
+        # The worktree's own index (not the main one) is fingerprinted.
+        self.write("late.txt", "late\n")
+        main_index = read(repo, ".git/index")
+        self.assertChangedDuringSave(srv, task, 2)
+        self.assertIn(b"late.txt", git(self.root, "ls-files"))
+        self.assertEqual(read(repo, ".git/index"), main_index)
+        # So is the worktree's own HEAD: detached at the same commit.
+        os.remove(os.path.join(self.root, "late.txt"))
+        self.assertEqual(git(self.root, "symbolic-ref", "-q", "HEAD").strip(), b"refs/heads/side")
+        self.assertChangedDuringSave(srv, task, 4)
+        self.assertEqual(git(self.root, "symbolic-ref", "-q", "HEAD", check=False), b"")
+        self.assertEqual(git(repo, "symbolic-ref", "-q", "HEAD").strip(), b"refs/heads/main")
+
+    def make_repo_without_ref_files(self):
+        """A reftable repository when git can make one; otherwise a files
+        repository with a `reftable` directory, which must be enough to make
+        the server ask git instead of reading files."""
+        git(self.root, "init", "-q", "-b", "main", "--ref-format=reftable", check=False)
+        if not os.path.isdir(os.path.join(self.root, ".git")):
+            git(self.root, "init", "-q", "-b", "main")
+            os.makedirs(os.path.join(self.root, ".git", "reftable"))
+        self.write("README.txt", "hello\n")
+        git(self.root, "add", "README.txt")
+        git(self.root, "commit", "-q", "-m", "initial")
+        git(self.root, "commit", "-q", "--allow-empty", "-m", "second")
+
+    def test_refs_that_are_not_files_are_read_through_git(self):
+        self.make_repo_without_ref_files()
+        first = rev(self.root, "HEAD~1")
+        srv, task = self.start_with_action(
+            "'%s' update-ref refs/heads/main %s" % (REAL_GIT, first))
+        self.edit("one")
+        before = user_state(self.root)
+        result, commands = self.save(srv, "one", edit=False)
+        self.assertEqual(user_state(self.root), before)
+        self.assertEqual(result["ref"], ref_of(task, 1), result)
+        self.assertIs(result["unchanged"], True, result)
+        for name in ("worktree", "ls-files", "for-each-ref", "stash"):
+            self.assertIn(name, commands)
+        self.assertNotIn("status", commands)
+        self.assertChangedDuringSave(srv, task, 2)
+        self.assertEqual(rev(self.root, "refs/heads/main"), first)
+        self.assertEqual(rev(self.root, ref_of(task, 3) + "^"), rev(self.root, ref_of(task, 2)))
 
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
