@@ -45,6 +45,7 @@ import re
 import secrets
 import shutil
 import stat as stat_mod
+import struct
 import subprocess
 import sys
 import tempfile
@@ -2157,6 +2158,63 @@ def file_digest(path):
     return digest.hexdigest()
 
 
+def index_digest(path, oid_bytes):
+    """sha256 of what a git index says about its entries: mode, object id,
+    stage and path of each, in order, leaving out the cached stat data that
+    any `git status` may refresh. Versions 2 to 4 of the format; anything
+    else (or a damaged file) is hashed whole. None when it cannot be read."""
+    data = read_file_or_none(path)
+    if data is None:
+        return None
+    try:
+        return _index_entries_digest(data, oid_bytes)
+    except (ValueError, IndexError, struct.error):
+        return "raw:" + hashlib.sha256(data).hexdigest()
+
+
+def _index_entries_digest(data, oid_bytes):
+    if data[:4] != b"DIRC":
+        raise ValueError("not an index")
+    version, count = struct.unpack_from(">II", data, 4)
+    if version not in (2, 3, 4):
+        raise ValueError("index version %d" % version)
+    digest = hashlib.sha256(b"%d\0" % count)
+    pos, previous = 12, b""
+    for _ in range(count):
+        mode = data[pos + 24:pos + 28]
+        oid_end = pos + 40 + oid_bytes
+        flags = int.from_bytes(data[oid_end:oid_end + 2], "big")
+        name = oid_end + 2
+        if flags & 0x4000:
+            if version < 3:
+                raise ValueError("extended flags in a version 2 index")
+            name += 2
+        if version == 4:
+            # Path compressed against the previous one: a varint of bytes to drop.
+            byte = data[name]
+            strip = byte & 0x7F
+            name += 1
+            while byte & 0x80:
+                byte = data[name]
+                strip = ((strip + 1) << 7) | (byte & 0x7F)
+                name += 1
+            if strip > len(previous):
+                raise ValueError("bad path compression")
+            end = data.index(b"\0", name)
+            path = previous[:len(previous) - strip] + data[name:end]
+            pos = end + 1
+        else:
+            end = data.index(b"\0", name)
+            path = data[name:end]
+            pos += (end - pos + 8) & ~7  # entries are NUL-padded to a multiple of 8
+        if pos > len(data) or len(mode) != 4:
+            raise ValueError("truncated index")
+        digest.update(mode + data[oid_end - oid_bytes:oid_end]
+                      + bytes(((flags >> 12) & 3,)) + path + b"\0")
+        previous = path
+    return digest.hexdigest()
+
+
 def loose_refs(git_dir, under, exclude=None):
     """{ref name: stripped content} of the loose ref files below
     <git_dir>/<under> ("refs" or a deeper prefix), leaving out the
@@ -2238,6 +2296,7 @@ class _GitRunner:
         self.top = root
         self.git_dir = self.common_dir = None
         self.refs_are_files = False
+        self.oid_bytes = 20
         self.not_a_repo = None
         self.store_git = os.path.join(store_dir, "git")
         self.env = env
@@ -2272,20 +2331,21 @@ class _GitRunner:
         whether refs are plain files, all from one `rev-parse`.
         """
         try:
-            out, _ = self.run(["rev-parse", "--git-dir", "--git-common-dir",
-                               "--show-toplevel"])
+            out, _ = self.run(["rev-parse", "--show-object-format", "--git-dir",
+                               "--git-common-dir", "--show-toplevel"])
         except GitCommandFailed as exc:
             if b"not a git repository" in exc.stderr:
                 self.not_a_repo = str(exc)
                 return None
             raise
         lines = out.decode("utf-8", "surrogateescape").splitlines()
-        if len(lines) < 3:
+        if len(lines) < 4:
             raise GitCommandFailed("git rev-parse gave no work tree for %r" % self.root)
+        self.oid_bytes = 32 if lines[0].strip() == "sha256" else 20
         # The two dirs may be printed relative to the directory git ran in.
-        self.git_dir = os.path.realpath(os.path.join(self.root, lines[0]))
-        self.common_dir = os.path.realpath(os.path.join(self.root, lines[1]))
-        self.top = lines[2]
+        self.git_dir = os.path.realpath(os.path.join(self.root, lines[1]))
+        self.common_dir = os.path.realpath(os.path.join(self.root, lines[2]))
+        self.top = lines[3]
         self.refs_are_files = refs_are_files(self.common_dir)
         return self.common_dir
 
@@ -2318,7 +2378,7 @@ class _GitRunner:
         head = read_file_or_none(os.path.join(self.git_dir, "HEAD"))
         return ("files",
                 None if head is None else head.strip(),
-                file_digest(os.path.join(self.git_dir, "index")),
+                index_digest(os.path.join(self.git_dir, "index"), self.oid_bytes),
                 packed, own,
                 file_digest(os.path.join(self.common_dir, "logs", "refs", "stash")))
 

@@ -526,6 +526,25 @@ class FingerprintTest(GitCase):
         self.assertIs(result["unchanged"], True, result)
         self.assertEqual(user_state(self.root), before)
 
+    def test_index_stat_refresh_during_the_save_is_no_change(self):
+        # What an editor's `git status` does while the agent saves: the index
+        # file is rewritten with fresh stat data, its entries stay the same.
+        self.prepare_busy_repository()
+        srv, task = self.start_with_action(
+            "touch -d @1000000000 README.txt && GIT_OPTIONAL_LOCKS=1 '%s' update-index -q --refresh"
+            % REAL_GIT)
+        self.edit("refreshed")
+        index_before = read(self.root, ".git/index")
+        entries_before = git(self.root, "ls-files", "-s")
+        self.arm_spy()
+        result, _ = self.save(srv, "refreshed", edit=False)
+        self.assertFalse(os.path.exists(self.spy_flag), "the action did not run")
+        self.assertNotIn("ACTION-FAILED", self.spy_action_output())
+        self.assertNotEqual(read(self.root, ".git/index"), index_before, "the index was rewritten")
+        self.assertEqual(git(self.root, "ls-files", "-s"), entries_before)
+        self.assertEqual(result["ref"], ref_of(task, 1), result)
+        self.assertIs(result["unchanged"], True, result)
+
     def test_pack_refs_between_saves(self):
         self.prepare_busy_repository()
         srv, task = self.start(env=self.make_spy_git())
