@@ -287,7 +287,8 @@ def fsync_paths(paths):
 
 
 def atomic_write(path, data, *, durable=True):
-    """Write bytes to path through a unique temp file and a rename.
+    """Write bytes (or an iterable of byte strings) to path through a unique
+    temp file and a rename.
 
     Readers see the old file or the new one, never a mix; on error the temp
     file is removed and the old file is untouched.
@@ -297,7 +298,11 @@ def atomic_write(path, data, *, durable=True):
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if isinstance(data, (bytes, bytearray)):
+                fh.write(data)
+            else:  # an iterable of byte strings
+                for part in data:
+                    fh.write(part)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -317,8 +322,22 @@ def dump_json(obj, *, sort_keys=True):
                       separators=(",", ":")).encode("utf-8")
 
 
+ENCODE_SLICE = 1 << 20
+
+
+def utf8_slices(text):
+    """text encoded a slice at a time, so a large document is never held
+    as text and as bytes in full at once."""
+    for start in range(0, len(text), ENCODE_SLICE):
+        yield text[start:start + ENCODE_SLICE].encode("utf-8")
+
+
 def write_json(path, obj, *, durable=True, sort_keys=True):
-    atomic_write(path, dump_json(obj, sort_keys=sort_keys), durable=durable)
+    text = json.dumps(obj, ensure_ascii=False, sort_keys=sort_keys, separators=(",", ":"))
+    if len(text) <= ENCODE_SLICE:
+        atomic_write(path, text.encode("utf-8"), durable=durable)
+    else:
+        atomic_write(path, utf8_slices(text), durable=durable)
 
 
 def write_record(path, obj, later=None):
@@ -767,11 +786,6 @@ def utf8_name(name):
         return False
 
 
-def stat_key(info):
-    """The fields a stat cache compares (index rows keep them in this order)."""
-    return (info[0], info[1], info[2], info[3], info[4])
-
-
 def diff_maps(old, new):
     """added / modified / deleted between two {path: entry} maps (entry tuples compare)."""
     added, modified, deleted = [], [], []
@@ -1123,7 +1137,7 @@ def manifest_entry(kind, sha, size, mode, mtime_ns=0):
 class ManifestLog:
     """manifest/mNNNN.json of one task; loads full maps with a small cache."""
 
-    CACHE_SIZE = 2
+    CACHE_SIZE = 1  # the newest manifest: the base of the next delta
 
     def __init__(self, directory):
         self.directory = directory
@@ -1171,11 +1185,11 @@ class ManifestLog:
         """Write manifest number as a delta on base, or a full anchor when due."""
         base_map = self.load(base) if base else {}
         depth = self.depth(base) + 1 if base else ANCHOR_EVERY
+        # Entries are tuples: json writes them as arrays, and write_record sorts the keys.
         if depth >= ANCHOR_EVERY:
-            doc = {"n": number, "full": True, "depth": 0,
-                   "files": {p: list(e) for p, e in sorted(new_map.items())}}
+            doc = {"n": number, "full": True, "depth": 0, "files": new_map}
         else:
-            changes = {p: list(e) for p, e in new_map.items() if base_map.get(p) != e}
+            changes = {p: e for p, e in new_map.items() if base_map.get(p) != e}
             changes.update({p: None for p in base_map if p not in new_map})
             doc = {"n": number, "full": False, "depth": depth, "base": base,
                    "changes": changes}
@@ -1427,10 +1441,6 @@ class TaskRecords:
         return self._derive(doc, "entries",
                             lambda files: {rel: row_to_entry(row) for rel, row in files.items()})
 
-    def index_keys(self, doc):
-        """{rel: stat key} of an index document, for stat-only comparisons."""
-        return self._derive(doc, "keys",
-                            lambda files: {rel: tuple(row[:5]) for rel, row in files.items()})
 
 
 def index_row(info, kind, sha):
@@ -2864,10 +2874,6 @@ def find_groups(entries):
     return groups
 
 
-def recorded_entries(index_doc):
-    return {rel: row_to_entry(row) for rel, row in index_doc["files"].items()}
-
-
 class Checkpoints:
     """The ten operations; every public method returns a plain dict."""
 
@@ -3550,13 +3556,14 @@ class Checkpoints:
             return ()
         if ws.state["status"] != "open":
             return ()
-        keys = ws.records.index_keys(ws.records.read_index())
+        rows = ws.records.read_index()["files"]
         scan = scan_tree(ws.root, self._policy(ws))
         files = scan.files
         changed = [(rel,) + info[:5] for rel, info in files.items()
-                   if keys.get(rel) != info[:5]]
-        if len(keys) + len(changed) > len(files):  # something recorded is gone
-            changed.extend((rel,) for rel in keys if rel not in files)
+                   if (row := rows.get(rel)) is None or row[1] != info[1] or row[2] != info[2]
+                   or row[0] != info[0] or row[3] != info[3] or row[4] != info[4]]
+        if len(rows) + len(changed) > len(files):  # something recorded is gone
+            changed.extend((rel,) for rel in rows if rel not in files)
         return tuple(sorted(changed))
 
     def capture(self, root, *, source="capture", partial=False):
