@@ -1409,15 +1409,22 @@ class TaskRecords:
                               "set": changed, "del": gone}, sort_keys=False) + b"\n"
             log_size = key[1][1] if key[1] else 0
             if log_size + len(line) <= max(key[0][1] // 4, 65536):
-                with open(self.index_log_path, "ab") as fh:
-                    fh.write(line)
-                index_doc["gen"], index_doc["log_ok"] = old["gen"], True
-                self._keep_index(index_doc, entries)
-                return
+                try:
+                    with open(self.index_log_path, "ab") as fh:
+                        fh.write(line)
+                except OSError:
+                    pass  # whatever is in the way, a whole write below replaces it
+                else:
+                    index_doc["gen"], index_doc["log_ok"] = old["gen"], True
+                    self._keep_index(index_doc, entries)
+                    return
         index_doc["gen"] = secrets.token_hex(8)
         index_doc.pop("log_ok", None)
         write_json(self.index_path, index_doc, durable=False, sort_keys=False)
-        remove_file(self.index_log_path)
+        try:
+            remove_file(self.index_log_path)
+        except OSError:  # not a file: its lines can never match this base anyway
+            pass
         self._keep_index(index_doc, entries)
 
     def _keep_index(self, index_doc, entries):

@@ -169,6 +169,23 @@ class StatCacheTest(WorkspaceTest):
         health = third.ok("tc_resume", root=root)["health"]
         self.assertTrue(health["ok"], health)
 
+    def test_something_in_the_way_of_the_index_log_is_no_failure(self):
+        root = os.path.join(self.tmp, "blocked")
+        os.makedirs(root)
+        with open(os.path.join(root, "a.txt"), "wb") as fh:
+            fh.write(b"one\n")
+        task = self.srv.ok("tc_init", root=root, name="blocked", goal="g")["task_id"]
+        self.srv.ok("tc_save", root=root, title="one")
+        os.makedirs(os.path.join(root, ".checkpoints", "tasks", task, "index.log", "x"))
+        for number, data in enumerate((b"two\n", b"three\n"), start=2):
+            with open(os.path.join(root, "a.txt"), "wb") as fh:
+                fh.write(data)
+            saved = self.srv.ok("tc_save", root=root, title="step %d" % number)
+            self.assertEqual(saved["index"], number)
+        self.srv.ok("tc_restore", root=root, index=2, apply=True)
+        with open(os.path.join(root, "a.txt"), "rb") as fh:
+            self.assertEqual(fh.read(), b"two\n")
+
     def test_mtime_put_back_with_os_utime(self):
         def edit(root, path, st):
             with open(path, "r+b") as fh:
