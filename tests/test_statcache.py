@@ -95,16 +95,21 @@ class StatCacheTest(WorkspaceTest):
         os.utime(path, ns=(mtime_ns, mtime_ns))
         return path
 
+    def make_tree(self, name, *, files, dirs):
+        """A workspace of small files dN/fM.txt (file M in directory M % dirs)."""
+        root = os.path.join(self.tmp, name)
+        for number in range(files):
+            path = os.path.join(root, "d%d" % (number % dirs), "f%d.txt" % number)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(b"content %d\n" % number)
+        return root
+
     # -- cases -------------------------------------------------------------
 
     def test_unchanged_files_are_not_read_again(self):
         """The cache must also work: a second look at an unchanged tree reads nothing."""
-        root = os.path.join(self.tmp, "quiet")
-        for number in range(40):
-            path = os.path.join(root, "d%d" % (number % 4), "f%d.txt" % number)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(b"content %d\n" % number)
+        root = self.make_tree("quiet", files=40, dirs=4)
         self.srv.ok("tc_init", root=root, name="quiet", goal="stat cache")
         self.srv.ok("tc_save", root=root, title="one")
         # Any file the save saw as racily clean is settled by this capture...
@@ -118,12 +123,7 @@ class StatCacheTest(WorkspaceTest):
         self.assertEqual(cap["reads"], 1, cap)
 
     def test_index_changes_are_appended_and_read_back_by_a_new_server(self):
-        root = os.path.join(self.tmp, "log")
-        for number in range(60):
-            path = os.path.join(root, "d%d" % (number % 3), "f%d.txt" % number)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(b"content %d\n" % number)
+        root = self.make_tree("log", files=60, dirs=3)
         task = self.srv.ok("tc_init", root=root, name="log", goal="stat cache")["task_id"]
         task_dir = os.path.join(root, ".checkpoints", "tasks", task)
         self.srv.ok("tc_save", root=root, title="one")
