@@ -1929,47 +1929,107 @@ def git_file_mode(mode):
     return "100755" if mode & 0o100 else "100644"
 
 
-class BlobCache:
-    """sha256 of stored content -> git blob id, per repository, in a JSON file.
+class GitObjectCache:
+    """The objects of each task's last checkpoint commit, in a JSON file.
 
-    Lives at <store>/git/blobs.json as {"repos": {<git common dir>: {sha: oid}}},
-    so one store shared by several repositories never hands one repository
-    an object id that only another one has. Written with temp + os.replace.
+    Lives at <store>/git/blobs.json as {"version": 2, "repos": {<git common
+    dir>: {<task id>: {"commit": id, "used": time, "blobs": {sha256 of
+    stored content: blob id}, "trees": [tree ids]}}}}: the blob and tree ids
+    of the last commit made for the task. They are trusted only while that
+    commit is still the target of one of the task's checkpoint refs: the
+    ref keeps every object under it from being pruned, so a tree may name
+    them without asking git whether they exist. A store shared by several
+    repositories never hands one repository an id that only another has.
+    Written with temp + os.replace; losing the file only costs hashing again.
     """
 
-    def __init__(self, path, repo_key):
+    VERSION = 2
+    TASKS_KEPT = 16  # per repository, the most recently used
+
+    def __init__(self, path, repo_key, task_id):
         self.path = path
-        self.repo_key = repo_key
+        self.task_id = task_id
         self._all = self._load()
-        self.known = self._all.setdefault(repo_key, {})
-        self.dirty = False
+        self._repo = self._all.setdefault(repo_key, {})
 
     def _load(self):
         try:
             with open(self.path, "r", encoding="utf-8") as fh:
                 data = json.load(fh)
-            repos = data.get("repos")
+            repos = data.get("repos") if data.get("version") == self.VERSION else None
             return repos if isinstance(repos, dict) else {}
         except (OSError, ValueError, AttributeError):
             return {}
 
-    def add(self, sha256_hex, oid):
-        if self.known.get(sha256_hex) != oid:
-            self.known[sha256_hex] = oid
-            self.dirty = True
+    def trusted(self, commits):
+        """({sha256: blob id}, {tree id}) of the task's last commit, if that
+        commit is one of `commits` (the task's refs); else two empty sets."""
+        last = self._repo.get(self.task_id)
+        if not isinstance(last, dict) or last.get("commit") not in commits:
+            return {}, set()
+        blobs, trees = last.get("blobs"), last.get("trees")
+        if not isinstance(blobs, dict) or not isinstance(trees, list):
+            return {}, set()
+        return blobs, set(trees)
 
-    def forget_repo(self):
-        self.known.clear()
-        self.dirty = True
-
-    def save(self):
-        if not self.dirty:
-            return
-        # A cache: losing it to a crash only costs hashing blobs again.
-        atomic_write(self.path, json.dumps({"version": 1, "repos": self._all},
-                                           separators=(",", ":")).encode("utf-8"),
+    def remember(self, commit, blobs, trees):
+        self._repo[self.task_id] = {"commit": commit, "used": time.time(),
+                                    "blobs": blobs, "trees": sorted(trees)}
+        if len(self._repo) > self.TASKS_KEPT:
+            by_use = sorted(self._repo, key=lambda task: self._used(self._repo[task]))
+            for task in by_use[:len(self._repo) - self.TASKS_KEPT]:
+                del self._repo[task]
+        data = {"version": self.VERSION, "repos": self._all}
+        atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
                      durable=False)
-        self.dirty = False
+
+    @staticmethod
+    def _used(entry):
+        used = entry.get("used") if isinstance(entry, dict) else None
+        return used if isinstance(used, (int, float)) else 0
+
+
+def git_trees(files, oid_bytes):
+    """The tree objects git would make for (path, mode, blob id) rows.
+
+    Returns [(tree id, [(mode, type, id, name bytes)])], every subtree
+    before the tree that holds it, the root tree last. Entries are in git's
+    order (a directory sorts as if its name ended in "/"); the id is the
+    object hash of the encoded tree, SHA-1 or SHA-256 by `oid_bytes`.
+    """
+    algo = hashlib.sha256 if oid_bytes == 32 else hashlib.sha1
+    dirs = {"": {}}
+    for path, mode, oid in files:
+        parent, _, name = path.rpartition("/")
+        if parent not in dirs:
+            dirs[parent] = {}
+            child = parent
+            while child:  # register the new directory in each missing parent
+                grand, _, sub = child.rpartition("/")
+                known = grand in dirs
+                dirs.setdefault(grand, {})[sub] = None  # a subtree, built below
+                if known:
+                    break
+                child = grand
+        dirs[parent][name] = (mode, "blob", oid)
+    ids = {}
+    out = []
+    for directory in sorted(dirs, key=lambda d: d.count("/") + (d != ""), reverse=True):
+        prefix = directory + "/" if directory else ""
+        rows = []
+        for name, entry in dirs[directory].items():
+            raw = name.encode("utf-8", "surrogateescape")
+            if entry is None:
+                rows.append((raw + b"/", raw, ("040000", "tree", ids[prefix + name])))
+            else:
+                rows.append((raw, raw, entry))
+        rows.sort(key=lambda row: row[0])
+        body = b"".join(b"%s %s\0" % (mode.lstrip("0").encode(), raw) + bytes.fromhex(oid)
+                        for _, raw, (mode, _, oid) in rows)
+        ids[directory] = algo(b"tree %d\0" % len(body) + body).hexdigest()
+        out.append((ids[directory], [(mode, kind, oid, raw)
+                                     for _, raw, (mode, kind, oid) in rows]))
+    return out
 
 
 class GitRefWriter:
@@ -1977,14 +2037,16 @@ class GitRefWriter:
 
     Contract:
     - Plumbing only: one rev-parse (git dir, common dir, work tree top),
-      hash-object (only for content git does not have yet), update-index,
-      write-tree, commit-tree, update-ref: six processes for a save in a
-      repository whose refs are files (one more rev-parse when update-ref
-      fails, to tell an existing ref from another failure).
+      hash-object (only for content git does not have yet), mktree --batch
+      (only for trees git does not have yet), commit-tree, update-ref: at
+      most five processes for a save in a repository whose refs are files
+      (one more rev-parse when update-ref fails, to tell an existing ref
+      from another failure). The tree ids are computed here (git_trees),
+      so only the directories that changed since the last checkpoint are
+      sent to git, and git's answer must match them.
       Nothing moves HEAD, touches a branch, the user's index or the work
-      tree: the index we build is a temporary GIT_INDEX_FILE inside the
-      store, and the blobs come from the payload store, not from the work
-      tree.
+      tree: no index is used at all, and the blobs come from the payload
+      store, not from the work tree.
     - With verify on, the repository is fingerprinted before and after
       the ref is made: HEAD of the worktree's git dir, a sha256 of the
       user's index file, every ref outside refs/checkpoints/ as parsed
@@ -2010,7 +2072,8 @@ class GitRefWriter:
       refuses to overwrite an existing ref, so there is no
       check-then-write race; an existing ref yields reason "ref exists".
     - The number of git processes is constant per save, whatever the
-      number of files; content git already has is never hashed again.
+      number of files; content already in the task's last checkpoint
+      commit is never hashed again.
     - It never raises: every failure becomes {"ok": False, "error": ...}
       and a line in the log.
     """
@@ -2093,35 +2156,39 @@ class GitRefWriter:
             self.log("git ref %s already exists; left as it is" % ref)
             return self.skipped("ref exists")
         files = [(p, git_file_mode(m), sha) for p, m, sha, kind in entries if kind == "f"]
-        cache = BlobCache(os.path.join(store_dir, "git", "blobs.json"), repo_key)
-        tree = self._tree_with_retry(run, cache, files, payload_path)
+        cache = GitObjectCache(os.path.join(store_dir, "git", "blobs.json"),
+                               repo_key, task_id)
         parent = choose_parent(existing, ref, parent_hint)
-        commit = run.commit_tree(tree, parent, message)
+        commit = self._commit(run, cache, files, payload_path, parent, message,
+                              set(existing.values()))
         if not run.create_ref(ref, commit, message):
             self.log("git ref %s appeared concurrently; left as it is" % ref)
             return self.skipped("ref exists")
         return self.made(ref)
 
-    def _tree_with_retry(self, run, cache, files, payload_path):
-        """Build the tree; if a cached blob id is gone (gc), hash everything again."""
-        try:
-            return self._build_tree(run, cache, files, payload_path)
-        except GitCommandFailed as exc:
-            if not cache.known:
-                raise
-            self.log("git tree from cached blobs failed (%s); re-hashing" % exc)
-            cache.forget_repo()
-            return self._build_tree(run, cache, files, payload_path)
-
-    def _build_tree(self, run, cache, files, payload_path):
-        missing = sorted({sha for _, _, sha in files if sha not in cache.known})
+    def _commit(self, run, cache, files, payload_path, parent, message, commits):
+        """Hash the content git is not known to have, write the trees it
+        does not have, and commit. Every object a new tree names is either
+        written by this save or under the task's last commit, which a ref
+        still holds; so mktree need not look each entry up."""
+        blobs, have_trees = cache.trusted(commits)
+        missing = sorted({sha for _, _, sha in files if sha not in blobs})
         if missing:
+            blobs = dict(blobs)
             oids = run.hash_blobs([payload_path(sha) for sha in missing])
-            for sha, oid in zip(missing, oids):
-                cache.add(sha, oid)
-        tree = run.write_tree([(mode, cache.known[sha], path) for path, mode, sha in files])
-        cache.save()
-        return tree
+            blobs.update(zip(missing, oids))
+        trees = git_trees([(path, mode, blobs[sha]) for path, mode, sha in files],
+                          run.oid_bytes)
+        new = {}
+        for tree_id, rows in trees:
+            if tree_id not in have_trees and tree_id not in new:
+                new[tree_id] = rows
+        if new:
+            run.make_trees(list(new.items()))
+        commit = run.commit_tree(trees[-1][0], parent, message)
+        cache.remember(commit, {sha: blobs[sha] for _, _, sha in files},
+                       [tree_id for tree_id, _ in trees])
+        return commit
 
 
 def choose_parent(existing, ref, parent_hint):
@@ -2428,12 +2495,12 @@ class _GitRunner:
             refs[name] = oid
         return refs
 
-    def hash_blobs(self, paths):
-        """Write the files as blobs in one process; their ids in order."""
+    def hash_blobs(self, paths, kind="blob"):
+        """Write the files as objects of `kind` in one process; their ids in order."""
         if any("\n" in p or "\r" in p for p in paths):
             raise GitCommandFailed("a payload path contains a line break")
         data = "".join(p + "\n" for p in paths).encode("utf-8", "surrogateescape")
-        out, _ = self.run(["hash-object", "-w", "--no-filters", "--stdin-paths"],
+        out, _ = self.run(["hash-object", "-w", "-t", kind, "--no-filters", "--stdin-paths"],
                           input=data)
         oids = out.decode("ascii").split()
         if len(oids) != len(paths):
@@ -2441,25 +2508,33 @@ class _GitRunner:
                                    % (len(oids), len(paths)))
         return oids
 
-    def write_tree(self, rows):
-        """A tree from (mode, oid, path) rows, through a temporary index in the store."""
+    def make_trees(self, trees):
+        """Write tree objects in one `hash-object -t tree`, children first.
+
+        `trees` is [(expected id, rows)] as git_trees() gives them. The
+        caller vouches that every object the rows name exists: git checks
+        each tree's format, not its entries (a lookup per entry is what
+        makes mktree and write-tree slow on loose objects). An id that
+        differs from the one computed here is refused rather than committed.
+        """
         os.makedirs(self.store_git, exist_ok=True)
-        fd, index_path = tempfile.mkstemp(prefix="index-", dir=self.store_git)
-        os.close(fd)
-        os.unlink(index_path)  # git creates it; an empty file is not a valid index
-        env = dict(self.env, GIT_INDEX_FILE=index_path)
+        paths = []
         try:
-            data = b"".join(("%s %s\t%s\0" % row).encode("utf-8", "surrogateescape")
-                            for row in rows)
-            self.run(["update-index", "-z", "--index-info"], input=data, env=env)
-            out, _ = self.run(["write-tree"], env=env)
-            return out.decode("ascii").strip()
+            for _, rows in trees:
+                # ".tmp-": a crash leaves them to the store's sweep.
+                fd, path = tempfile.mkstemp(prefix=".tmp-tree-", dir=self.store_git)
+                paths.append(path)
+                with open(fd, "wb") as fh:
+                    fh.write(b"".join(b"%s %s\0" % (mode.lstrip("0").encode(), raw)
+                                      + bytes.fromhex(oid) for mode, _, oid, raw in rows))
+            made = self.hash_blobs(paths, kind="tree")
         finally:
-            for leftover in (index_path, index_path + ".lock"):
-                try:
-                    os.unlink(leftover)
-                except OSError:
-                    pass
+            for path in paths:
+                remove_file(path)
+        expected = [tree_id for tree_id, _ in trees]
+        if made != expected:
+            raise GitCommandFailed("git wrote trees %s, expected %s"
+                                   % (" ".join(made[:3]), " ".join(expected[:3])))
 
     def commit_tree(self, tree, parent, message):
         args = ["commit-tree", "--no-gpg-sign", tree]

@@ -84,7 +84,11 @@ def subcommand(call):
     i = 0
     while i < len(words) and words[i] == "-c":
         i += 2
-    return words[i] if i < len(words) else ""
+    if i >= len(words):
+        return ""
+    if words[i] == "hash-object" and "tree" in words[i + 1:]:
+        return "hash-object -t tree"
+    return words[i]
 
 
 def rev(repo, name):
@@ -122,6 +126,7 @@ class GitCase(WorkspaceTest):
         spy_dir = os.path.join(self.tmp, "spy-bin")
         self.spy_log = os.path.join(self.tmp, "git-calls.log")
         self.spy_hashed = os.path.join(self.tmp, "git-hashed.log")
+        self.spy_trees = os.path.join(self.tmp, "git-trees")
         self.spy_flag = os.path.join(self.tmp, "spy-armed")
         self.spy_action_log = os.path.join(self.tmp, "spy-action.log")
         action = ""
@@ -136,11 +141,18 @@ class GitCase(WorkspaceTest):
         script = (
             "#!/bin/sh\n"
             "printf '%%s\\n' \"$*\" >> '%(log)s'\n"
-            "case \" $* \" in *\" hash-object \"*)\n"
+            "case \" $* \" in *\" -t tree \"*)\n"
+            "  tmp=$(mktemp); cat > \"$tmp\"; mkdir -p '%(trees)s'\n"
+            "  while IFS= read -r p; do\n"
+            "    cp \"$p\" '%(trees)s'/$(ls '%(trees)s' | wc -l | tr -d ' ')\n"
+            "  done < \"$tmp\"\n"
+            "  exec '%(git)s' \"$@\" < \"$tmp\";;\n"
+            "*\" hash-object \"*)\n"
             "  tmp=$(mktemp); cat > \"$tmp\"; cat \"$tmp\" >> '%(hashed)s'\n"
             "  exec '%(git)s' \"$@\" < \"$tmp\";;\n"
             "esac\n"
-        ) % {"log": self.spy_log, "hashed": self.spy_hashed, "git": REAL_GIT}
+        ) % {"log": self.spy_log, "hashed": self.spy_hashed, "git": REAL_GIT,
+             "trees": self.spy_trees}
         script += action + "exec '%s' \"$@\"\n" % REAL_GIT
         write(spy_dir, "git", script, mode=0o755)
         return {"PATH": spy_dir + os.pathsep + os.environ.get("PATH", "")}
@@ -160,6 +172,16 @@ class GitCase(WorkspaceTest):
             return []
         with open(self.spy_log, encoding="utf-8") as fh:
             return fh.read().splitlines()
+
+    def spy_tree_input(self):
+        """The body of every tree object written so far, in order."""
+        if not os.path.isdir(self.spy_trees):
+            return []
+        bodies = []
+        for number in range(len(os.listdir(self.spy_trees))):
+            with open(os.path.join(self.spy_trees, str(number)), "rb") as fh:
+                bodies.append(fh.read())
+        return bodies
 
     def spy_hashed_lines(self):
         if not os.path.exists(self.spy_hashed):
@@ -402,7 +424,7 @@ class RefusalsAndFailuresTest(GitCase):
 
 # The processes of a save that makes a ref with new content, in a repository
 # whose refs are files: the fingerprint is read from files, not from git.
-PLUMBING_ONLY = ["rev-parse", "hash-object", "update-index", "write-tree",
+PLUMBING_ONLY = ["rev-parse", "hash-object", "hash-object -t tree",
                  "commit-tree", "update-ref"]
 
 
@@ -719,6 +741,109 @@ class GitEnvironmentTest(GitCase):
         self.assertFalse(os.path.exists(marker), "a user hook ran")
         git(self.root, "update-ref", "refs/heads/probe", "HEAD")
         self.assertTrue(os.path.exists(marker), "the hook is live for plain git")
+
+
+
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+def git_own_tree(root, env=None):
+    """The tree `git add -A` + `git write-tree` makes of root (the store left
+    out), in a scratch index."""
+    scratch = dict(QUIET, GIT_INDEX_FILE=os.path.join(root, ".git", "scratch-index"))
+    scratch.update(env or {})
+    try:
+        git(root, "add", "-A", "--", ".", ":(exclude).checkpoints", env=scratch)
+        return git(root, "write-tree", env=scratch).decode().strip()
+    finally:
+        os.unlink(scratch["GIT_INDEX_FILE"])
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class TreeBuildTest(GitCase):
+    """The step's tree is computed by the server and written with mktree:
+    it must be the very tree git itself makes of the same files."""
+
+    AWKWARD = ("a+", "a-b/x.txt", "a.b", "a/x.txt", "a/y/z.txt", "a0", "b c/d e.txt",
+               "\u00fcber/\u00e9t\u00e9.md", "deep/1/2/3/4/5/6/7/8/leaf.txt", "Z/upper.txt",
+               "tools/run.sh")
+
+    def write_awkward(self, tag):
+        for i, rel in enumerate(self.AWKWARD):
+            self.write(rel, "%s %d\n" % (tag, i), mode=0o755 if rel.endswith(".sh") else 0o644)
+
+    def test_tree_is_the_one_git_makes_for_awkward_names(self):
+        make_git_repo(self.root)
+        self.write_awkward("one")
+        srv, task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertEqual(rev(self.root, ref_of(task, 1) + "^{tree}"), git_own_tree(self.root))
+        self.write("a/y/z.txt", "edited\n")
+        os.remove(os.path.join(self.root, "a0"))
+        srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(rev(self.root, ref_of(task, 2) + "^{tree}"), git_own_tree(self.root))
+        self.assertTreeMatches(self.root, ref_of(task, 2), expected_tree(self.root))
+
+    def test_sha256_repository(self):
+        git(self.root, "init", "-q", "--object-format=sha256", "-b", "main")
+        self.write_awkward("sha256")
+        srv, task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        tree = rev(self.root, ref_of(task, 1) + "^{tree}")
+        self.assertEqual(len(tree), 64)
+        self.assertEqual(tree, git_own_tree(self.root))
+
+    def test_empty_workspace_commits_the_empty_tree(self):
+        make_git_repo(self.root)
+        empty = os.path.join(self.root, "empty")
+        os.makedirs(empty)
+        srv, task = self.start(root=empty)
+        result = srv.ok("tc_save", root=empty, title="nothing yet")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertEqual(rev(self.root, ref_of(task, 1) + "^{tree}"), EMPTY_TREE)
+
+    @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+    def test_only_changed_directories_are_sent_to_git(self):
+        make_git_repo(self.root)
+        self.write_awkward("one")
+        srv, task = self.start(env=self.make_spy_git())
+        srv.ok("tc_save", root=self.root, title="one")
+        sent = len(self.spy_tree_input())
+        self.write("deep/1/2/3/4/5/6/7/8/leaf.txt", "changed\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        trees = self.spy_tree_input()[sent:]
+        # The leaf's directory and each of its parents up to the root: ten trees.
+        self.assertEqual(len(trees), 10, trees)
+        self.assertTrue(trees[0].startswith(b"100644 leaf.txt\0"), trees[0])
+        self.assertIn(b"40000 deep\0", trees[-1])
+        sent = len(self.spy_tree_input())
+        calls = len(self.spy_calls())
+        srv.ok("tc_save", root=self.root, title="three, nothing changed")
+        self.assertEqual(self.spy_tree_input()[sent:], [])
+        self.assertNotIn("hash-object -t tree",
+                         [subcommand(c) for c in self.spy_calls()[calls:]])
+        self.assertEqual(rev(self.root, ref_of(task, 3) + "^{tree}"),
+                         rev(self.root, ref_of(task, 2) + "^{tree}"))
+
+    def test_objects_pruned_by_gc_are_written_again(self):
+        make_git_repo(self.root)
+        self.write_awkward("one")
+        srv, task = self.start()
+        srv.ok("tc_save", root=self.root, title="one")
+        # The user throws the checkpoint refs away and prunes everything.
+        git(self.root, "update-ref", "-d", ref_of(task, 1))
+        git(self.root, "reflog", "expire", "--expire=now", "--all")
+        git(self.root, "gc", "-q", "--prune=now")
+        self.assertEqual(checkpoint_refs(self.root), [])
+        self.write("a/x.txt", "after gc\n")
+        result = srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        fsck = subprocess.run([REAL_GIT, "fsck", "--no-dangling", "--full"], cwd=self.root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.assertEqual(fsck.returncode, 0, fsck.stderr)
+        self.assertTreeMatches(self.root, ref_of(task, 2), expected_tree(self.root))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ measures the floors of the same work on the same files:
   hash all      reading and sha256-hashing every file
   copy all      shutil.copyfile of every file into a scratch directory
   hash changed  reading and sha256-hashing only the files an operation changed
-  git snapshot  `git add -A` + `git write-tree` with a temporary GIT_INDEX_FILE
+  git snapshot  `git add -A` + `git write-tree` with a temporary GIT_INDEX_FILE;
+                for a save after a change, git's next snapshot of that change
+                (its index kept from the snapshot before), timed before the
+                save, with new objects going to a scratch object directory
+                (the repository's own objects read as an alternate), so git
+                writes the same new blobs and trees the save has to write
 
 Each floor runs once to warm the page cache and is then measured (median of
 several runs); dirty pages are flushed with os.sync() before every timed floor
@@ -365,14 +370,24 @@ def run_git(root, args, env, extra_env=None):
     return proc.stdout
 
 
-def git_snapshot(root, env, index_path, seed_index):
-    """git add -A + git write-tree into a temporary index (the user's is untouched)."""
-    for leftover in (index_path, index_path + ".lock"):
-        if os.path.exists(leftover):
-            os.unlink(leftover)
+def git_snapshot(root, env, index_path, seed_index, objects=None):
+    """git add -A + git write-tree into a temporary index (the user's is untouched).
+
+    With `objects`, new objects go to that directory and the repository's
+    objects are only read, as an alternate: the repository gains nothing,
+    so a later save still has to write the same objects.
+    """
+    if seed_index is not None:
+        for leftover in (index_path, index_path + ".lock"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     if seed_index:
         shutil.copyfile(os.path.join(root, ".git", "index"), index_path)
     extra = {"GIT_INDEX_FILE": index_path}
+    if objects:
+        os.makedirs(objects, exist_ok=True)
+        extra.update({"GIT_OBJECT_DIRECTORY": objects,
+                      "GIT_ALTERNATE_OBJECT_DIRECTORIES": os.path.join(root, ".git", "objects")})
     run_git(root, ["add", "-A"], env, extra)
     return run_git(root, ["write-tree"], env, extra).strip()
 
@@ -693,16 +708,28 @@ class Run:
                                   lambda i: {"root": root, "title": "touch %d" % i})
             if ms is not None:
                 self.change_row("save, 1 file touched", ms, touched[-1:], "touch")
-        # Saves after changing 1% of the files.
+        # Saves after changing 1% of the files. In git, git's own snapshot of
+        # each change is timed right after it, before the save.
         batches = [ws.pick(one_pct, "save1pct") for _ in range(reps)]
-        ms, _r = self._repeat(srv, "save, 1% changed", reps, lambda i: ws.change(batches[i]),
+        change_floors = []
+
+        def change(i):
+            ws.change(batches[i])
+            if git:
+                sync()
+                start = time.perf_counter()
+                self.git_change_floor()
+                change_floors.append((time.perf_counter() - start) * 1000.0)
+
+        ms, _r = self._repeat(srv, "save, 1% changed", reps, change,
                               "tc_save", lambda i: {"root": root, "title": "one percent %d" % i,
                                                     "conclusion": "edited %d files"
                                                     % len(batches[i])})
         if ms is not None:
             if git:
+                git_floors["the change, new objects"] = statistics.median(change_floors)
                 self._git_row("save, 1% changed", ms, git_floors, "save, 1% changed",
-                              "copy of user index")
+                              "the change, new objects")
             else:
                 self.change_row("save, 1%% changed (%d files)" % one_pct, ms, batches[-1],
                                 "1% save")
@@ -977,6 +1004,13 @@ class Bench:
                                             self.repeats),
         }
         run.raw["git_floors"] = floors
+        # git's snapshot of each later change: an index and an object directory
+        # of its own, brought up to date here, untimed; then one snapshot per change.
+        change_index = os.path.join(run.scratch, "git-change-index")
+        change_objects = os.path.join(run.scratch, "git-change-objects")
+        git_snapshot(root, env, change_index, True, change_objects)
+        run.git_change_floor = lambda: git_snapshot(root, env, change_index, None,
+                                                    change_objects)
         phases.mark("floors")
         run.run(env_extra={"TC_GIT": "on"}, git_floors=floors)
         phases.mark("tool calls")
@@ -1077,9 +1111,11 @@ class Bench:
                 fmt_ratio(store_ratio), "%.1f" % peak_mb if peak_mb else "n/a"))
             if "git_floors" in raw:
                 self.say("        git add -A + write-tree: fresh index %s ms, copy of user "
-                         "index %s ms; refs written: %d; first save git: %s" % (
+                         "index %s ms, the 1%% change with new objects %s ms; refs "
+                         "written: %d; first save git: %s" % (
                              fmt_ms(raw["git_floors"]["fresh index"]),
                              fmt_ms(raw["git_floors"]["copy of user index"]),
+                             fmt_ms(raw["git_floors"].get("the change, new objects")),
                              len(raw.get("git_refs", [])),
                              json.dumps(raw.get("git_first_save"))))
             if raw.get("capture_reads"):
