@@ -31,6 +31,7 @@ a hash but no content; the drift layer detects change by stat, not content.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -265,7 +266,46 @@ def gc_paused(fn):
 
 
 _FLUSH_POOL = []
-_FLUSH_POOL_LOCK = threading.Lock()
+_WORK_POOL = []
+_POOL_LOCK = threading.Lock()
+WORK_THREADS = 4  # file copies and hashing: both release the GIL
+
+
+def _pool(pools, workers, name):
+    with _POOL_LOCK:
+        if not pools:
+            pools.append(concurrent.futures.ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix=name))
+        return pools[0]
+
+
+def in_parallel(fn, items, *, minimum=8):
+    """[fn(item) for item in items], run on a few threads when there are at
+    least `minimum` items; results in the order of items.
+
+    At most a few calls are queued ahead, so memory does not grow with the
+    number of items. On an exception nothing new starts, every call already
+    started is waited for (no thread still writes once this returns), and
+    the exception of the earliest failing item is raised.
+    """
+    items = list(items)
+    if len(items) < minimum:
+        return [fn(item) for item in items]
+    pool = _pool(_WORK_POOL, WORK_THREADS, "tc-work")
+    results, window = [], collections.deque()
+    try:
+        for item in items:
+            window.append(pool.submit(fn, item))
+            if len(window) >= 4 * WORK_THREADS:
+                results.append(window.popleft().result())
+        while window:
+            results.append(window.popleft().result())
+    except BaseException:
+        for future in window:
+            future.cancel()
+        concurrent.futures.wait(window)
+        raise
+    return results
 
 
 def fsync_paths(paths):
@@ -277,12 +317,7 @@ def fsync_paths(paths):
         for path in paths:
             fsync_path(path)
         return
-    with _FLUSH_POOL_LOCK:
-        if not _FLUSH_POOL:
-            _FLUSH_POOL.append(concurrent.futures.ThreadPoolExecutor(
-                max_workers=8, thread_name_prefix="tc-fsync"))
-        pool = _FLUSH_POOL[0]
-    for _ in pool.map(fsync_path, paths):
+    for _ in _pool(_FLUSH_POOL, 8, "tc-fsync").map(fsync_path, paths):
         pass
 
 
@@ -825,12 +860,30 @@ def hash_file(path):
 # (auto_da_alloc) start writeback on close, a disk wait per restored file.
 WRITE_OVER_FLAGS = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
                     | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+PAYLOAD_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
 
 
-def open_over(dest):
-    """dest opened for writing over in place (created when missing); the
-    caller ends with truncate() at the final length."""
-    return os.fdopen(os.open(dest, WRITE_OVER_FLAGS, 0o600), "wb")
+def open_over(dest, mode):
+    """(file, its size before) of dest opened for writing over in place.
+
+    A missing dest is created with the permission bits mode (less any the
+    umask removes), never wider. The caller ends with end_over().
+    """
+    fh = os.fdopen(os.open(dest, WRITE_OVER_FLAGS, mode & 0o777), "wb")
+    try:
+        return fh, os.fstat(fh.fileno()).st_size
+    except BaseException:
+        fh.close()
+        raise
+
+
+def end_over(fh, path, size_before, mode):
+    """Cut a file written over in place to what was written, and give it
+    mode. Each is done only when needed: even a no-op truncate or chmod is
+    a journaled inode update on most file systems."""
+    if size_before > fh.tell():
+        fh.truncate()
+    set_mode(fh, path, mode)
 
 
 def set_mode(fh, path, mode):
@@ -932,24 +985,28 @@ class PayloadStore:
             return None
 
     def put_file(self, src):
-        """Read src once, store its content, return (sha, size, mode).
+        """Read src once, store its content, return (sha, size, mode, path of
+        the payload if this call wrote it, else None). Safe from several threads.
 
         Small files are read whole; large ones stream into a temp file while
         hashing, so memory does not grow with file size.
         """
         with open(src, "rb") as fh:
             st = os.fstat(fh.fileno())
+            mode = stat_mod.S_IMODE(st.st_mode)
             if st.st_size <= READ_WHOLE_LIMIT:
                 data = fh.read()
                 sha = hashlib.sha256(data).hexdigest()
+                written = None
                 if not self.has(sha):
                     try:
-                        self._write_bytes(sha, data)
+                        written = self._write_bytes(sha, data)
                     except OSError as exc:
                         raise self.unwritable(exc) from None
-                return sha, len(data), stat_mod.S_IMODE(st.st_mode)
+                return sha, len(data), mode, written
             try:
-                return self._stream_in(fh) + (stat_mod.S_IMODE(st.st_mode),)
+                sha, size, written = self._stream_in(fh)
+                return sha, size, mode, written
             except OSError as exc:
                 if exc.errno in STORE_FULL_ERRNOS:
                     raise self.unwritable(exc) from None
@@ -979,21 +1036,51 @@ class PayloadStore:
         return directory
 
     def _write_bytes(self, sha, data):
+        """Write a payload straight to its final name; its path, or None when
+        another thread created it meanwhile (the same content).
+
+        No temporary name and rename: a writer killed midway leaves a short
+        payload under the store's "writing" marker, and the next lock holder
+        checks every payload written since that marker (verify_since) before
+        anything can rely on it. A failed write removes what it created."""
         target = self.path(sha)
-        directory = self._prefix_dir(sha)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-        except FileNotFoundError:  # removed by another process's rollback
-            self._dirs.discard(directory)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self._prefix_dir(sha))
+            fd = self._opener(sha)(target, PAYLOAD_CREATE_FLAGS)
+        except FileExistsError:
+            return None
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-            os.replace(tmp, target)
         except BaseException:
-            remove_file(tmp)
+            remove_file(target)
             raise
         self.pending.append(target)
+        return target
+
+    def verify_since(self, since_ns):
+        """Remove payloads modified at or after since_ns whose bytes do not
+        hash to their name (a writer died while writing them); their count."""
+        removed = 0
+        try:
+            prefixes = [e.path for e in os.scandir(self.directory) if e.is_dir()]
+        except OSError:
+            return 0
+        for prefix in prefixes:
+            try:
+                with os.scandir(prefix) as it:
+                    recent = [e.path for e in it if e.is_file(follow_symlinks=False)
+                              and not e.name.startswith(".tmp-")
+                              and e.stat(follow_symlinks=False).st_mtime_ns >= since_ns]
+            except OSError:
+                continue
+            for path in recent:
+                try:
+                    sha, _size = hash_file(path)
+                except OSError:
+                    continue
+                if sha != os.path.basename(path):
+                    removed += remove_file(path)
+        return removed
 
     def _stream_in(self, fh):
         os.makedirs(self.directory, exist_ok=True)
@@ -1010,17 +1097,19 @@ class PayloadStore:
                     out.write(block)
                     total += len(block)
             sha = digest.hexdigest()
+            written = None
             if self.has(sha):
                 remove_file(tmp)
             else:
                 self._dirs.discard(os.path.dirname(self.path(sha)))
                 self._prefix_dir(sha)
-                os.replace(tmp, self.path(sha))
-                self.pending.append(self.path(sha))
+                written = self.path(sha)
+                os.replace(tmp, written)
+                self.pending.append(written)
         except BaseException:
             remove_file(tmp)
             raise
-        return sha, total
+        return sha, total, written
 
     def flush(self):
         """Make every payload written since the last flush durable.
@@ -1067,44 +1156,64 @@ class PayloadStore:
         except FileNotFoundError:
             raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
         digest = hashlib.sha256()
-        with src, open_over(dest) as out:
-            for block in iter(lambda: src.read(CHUNK), b""):
-                digest.update(block)
-                out.write(block)
-            out.truncate()
-            set_mode(out, dest, mode)
+        with src:
+            out, size_before = open_over(dest, mode)
+            with out:
+                for block in iter(lambda: src.read(CHUNK), b""):
+                    digest.update(block)
+                    out.write(block)
+                end_over(out, dest, size_before, mode)
         if digest.hexdigest() != sha:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
 
     def import_file(self, src, dest, sha, mode):
-        """Copy src into dest (created or truncated in place) and, when missing,
-        into the store, in one read. The store copy is kept only if the bytes
-        hash to sha; dest is journaled by the caller, whose rollback undoes it."""
-        store_tmp = None
+        """Copy src into dest (written over in place) and, when missing, into
+        the store, in one read.
+
+        Journaled by the caller: its rollback undoes dest and removes the
+        payloads it listed as new, so the store copy is written straight to
+        its final name (no temporary name and rename per file); a copy whose
+        bytes do not hash to sha is removed before this returns.
+        """
+        store_path = None
         digest = hashlib.sha256()
         try:
-            with open(src, "rb") as fh, open_over(dest) as out:
-                copy = None
-                if not self.has(sha):
-                    fd, store_tmp = tempfile.mkstemp(prefix=".tmp-", dir=self._prefix_dir(sha))
-                    copy = os.fdopen(fd, "wb")
-                with copy if copy else contextlib.nullcontext():
-                    for block in iter(lambda: fh.read(CHUNK), b""):
-                        digest.update(block)
-                        out.write(block)
-                        if copy:
-                            copy.write(block)
-                out.truncate()
-                set_mode(out, dest, mode)
+            with open(src, "rb") as fh:
+                out, size_before = open_over(dest, mode)
+                with out:
+                    copy = None
+                    if not self.has(sha):
+                        try:
+                            copy = open(self.path(sha), "xb", opener=self._opener(sha))
+                            store_path = self.path(sha)
+                        except FileExistsError:  # the same content, written by another thread
+                            pass
+                    with copy if copy else contextlib.nullcontext():
+                        for block in iter(lambda: fh.read(CHUNK), b""):
+                            digest.update(block)
+                            out.write(block)
+                            if copy:
+                                copy.write(block)
+                    end_over(out, dest, size_before, mode)
             if digest.hexdigest() != sha:
                 raise InvalidArgument("the package file %r changed while it was imported" % src)
-            if store_tmp:
-                os.replace(store_tmp, self.path(sha))
-                self.pending.append(self.path(sha))
-                store_tmp = None
+            if store_path:
+                self.pending.append(store_path)
+                store_path = None
         finally:
-            if store_tmp:
-                remove_file(store_tmp)
+            if store_path:
+                remove_file(store_path)
+
+    def _opener(self, sha):
+        """An opener for open() that creates the prefix directory on demand."""
+        def opener(path, flags):
+            try:
+                return os.open(path, flags, 0o600)
+            except FileNotFoundError:
+                self._dirs.discard(os.path.dirname(path))
+                self._prefix_dir(sha)
+                return os.open(path, flags, 0o600)
+        return opener
 
     def read_verified(self, sha):
         with open(self.path(sha), "rb") as fh:
@@ -2838,10 +2947,18 @@ class Store:
                 rollback_journal(self, directory)
             except Exception as exc:  # kept for the next try; writes refuse meanwhile
                 self.log("rollback of %s failed: %s" % (directory, exc))
-        if os.path.exists(self.marker_path):
+        try:
+            marked_ns = os.stat(self.marker_path).st_mtime_ns
+        except FileNotFoundError:
+            marked_ns = None
+        if marked_ns is not None:
             swept = sweep_temp_files(self.directory)
             if swept:
                 self.log("removed %d temporary file(s) left by an interrupted write" % swept)
+            cut = self.payloads.verify_since(marked_ns - RACY_MARGIN_NS)
+            if cut:
+                self.log("removed %d stored content file(s) an interrupted write left "
+                         "incomplete" % cut)
             for task_id in self.task_ids():
                 if not self.task(task_id).exists():
                     # A task directory without a state is a tc_init that died
@@ -3152,6 +3269,7 @@ class Checkpoints:
         trusted = self._trust_test(index_doc.get("stamp_ns", 0), strict)
         entries, rows, skipped, created = {}, {}, list(scan.skipped), []
         reads = 0
+        to_read = []  # (rel, info) of files the cache cannot vouch for
         for rel, info in scan.files.items():
             if info[6]:  # sensitive: size and mtime only, never read
                 rows[rel] = index_row(info, KIND_SENSITIVE, None)
@@ -3169,11 +3287,20 @@ class Checkpoints:
                     rows[rel] = index_row(info, row[6], row[7])
                     entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
                 continue
+            to_read.append((rel, info))
+
+        def read(item):
+            rel, info = item
             try:
-                kind, sha, size, mode = self._read_file(ws, rel, info, store_content, created)
+                return self._read_file(ws, rel, info, store_content, created)
             except OSError as exc:
-                skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(exc)})
+                return exc
+
+        for (rel, info), got in zip(to_read, in_parallel(read, to_read)):
+            if isinstance(got, OSError):
+                skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(got)})
                 continue
+            kind, sha, size, mode = got
             reads += 1
             rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
             entries[rel] = manifest_entry(kind, sha, size, mode)
@@ -3214,9 +3341,9 @@ class Checkpoints:
         if not store_content:
             sha, size = hash_file(full)
             return KIND_FILE, sha, size, info.mode
-        before = len(ws.store.payloads.pending)
-        sha, size, mode = ws.store.payloads.put_file(full)
-        created.extend(ws.store.payloads.pending[before:])
+        sha, size, mode, written = ws.store.payloads.put_file(full)
+        if written:
+            created.append(written)
         if size > MAX_CONTENT_BYTES:  # grew while being read
             return KIND_BIG, sha, size, mode
         return KIND_FILE, sha, size, mode
@@ -3790,21 +3917,28 @@ class Checkpoints:
             remove_file(full)
             prune_empty_dirs(ws.root, os.path.dirname(full))
         made = set()
+        writes = []
         for rel in plan["to_write"] + plan["to_replace"]:
             full = safe_workspace_path(ws.root, rel)
-            kind, sha, _size, mode, _mtime = target[rel]
             ensure_dir(os.path.dirname(full), made)
-            if os.path.isdir(full) and not os.path.islink(full):
-                os.rmdir(full)  # only an empty directory may give way to a file
-            try:
-                if linked_elsewhere(full):
-                    raise PermissionError("hard-linked")  # writing through would change the other names
-                payloads.write_over(sha, full, mode)
-            except PermissionError:  # read-only or hard-linked: replace the name instead
-                tmp = journal.temp_name(full)
-                remove_file(tmp)
-                payloads.copy_out(sha, tmp, mode)
-                os.replace(tmp, full)
+            writes.append((rel, full))
+        in_parallel(lambda item: self._restore_file(payloads, journal, target, *item), writes)
+
+    @staticmethod
+    def _restore_file(payloads, journal, target, rel, full):
+        """Write one file of a restore (its directory exists)."""
+        _kind, sha, _size, mode, _mtime = target[rel]
+        if os.path.isdir(full) and not os.path.islink(full):
+            os.rmdir(full)  # only an empty directory may give way to a file
+        try:
+            if linked_elsewhere(full):
+                raise PermissionError("hard-linked")  # writing through would change the other names
+            payloads.write_over(sha, full, mode)
+        except PermissionError:  # read-only or hard-linked: replace the name instead
+            tmp = journal.temp_name(full)
+            remove_file(tmp)
+            payloads.copy_out(sha, tmp, mode)
+            os.replace(tmp, full)
 
     @staticmethod
     def _rows_after_restore(ws, snap, target, plan):
@@ -3994,8 +4128,9 @@ class Checkpoints:
             elif not payloads.has(sha):
                 filtered.append({"path": rel, "reason": "stored content missing"})
             else:
-                copy_tree_file(payloads, sha, os.path.join(directory, *rel.split("/")), mode)
                 files.append({"path": rel, "sha256": sha, "size": size, "mode": mode})
+        in_parallel(lambda f: copy_tree_file(payloads, f["sha256"], os.path.join(
+            directory, *f["path"].split("/")), f["mode"]), files)
         return files, filtered
 
     def _export_history(self, ws, directory):
@@ -4075,9 +4210,12 @@ class Checkpoints:
         by_path = {f["path"]: f for f in desc["files"]}
         rows = dict(pre.rows)
         made = set()
-        for rel, full in targets:
-            item = by_path[rel]
+        for _rel, full in targets:
             ensure_dir(os.path.dirname(full), made)
+
+        def place(target):
+            rel, full = target
+            item = by_path[rel]
             src = check_package_entry(package, "files/" + rel)
             if os.path.isdir(full) and not os.path.islink(full):
                 os.rmdir(full)  # only an empty directory may give way to a file
@@ -4091,7 +4229,10 @@ class Checkpoints:
             st = os.lstat(full)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
-            rows[rel] = index_row(info, KIND_FILE, item["sha256"])
+            return index_row(info, KIND_FILE, item["sha256"])
+
+        for (rel, _full), row in zip(targets, in_parallel(place, targets)):
+            rows[rel] = row
         payloads.flush()
         state = self._import_records(ws, desc)
         recovered = None

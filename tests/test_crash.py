@@ -275,6 +275,38 @@ class TornRecords(CrashTest):
             self.assertEqual(fh.read(), b"two\n")
 
 
+    def test_content_cut_short_by_a_dead_writer_is_never_relied_on(self):
+        # Stored content is written straight to its final name. A writer
+        # killed midway leaves it short, with the "writing" marker; the next
+        # server must not take that file for the content its name promises.
+        write_bytes(self.root, "a.txt", b"one\n")
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="short payload")
+        srv.ok("tc_save", **self.save_args("one"))
+        srv.close()
+        coming = b"the content of the next save\n" * 50
+        sha = hashlib.sha256(coming).hexdigest()
+        short = os.path.join(self.store, "payload", sha[:2], sha)
+        write_bytes(self.store, "writing", b"")
+        write_bytes(os.path.dirname(short), sha, coming[:100])
+        older = os.path.join(self.store, "payload", "ab", "ab" + "0" * 62)
+        write_bytes(os.path.dirname(older), os.path.basename(older), b"not this content")
+        os.utime(older, ns=(1, 1))  # written long before the marker: not looked at
+
+        srv = self.server()
+        write_bytes(self.root, "a.txt", coming)
+        srv.ok("tc_save", **self.save_args("two"))
+        with open(short, "rb") as fh:
+            self.assertEqual(fh.read(), coming, "the short copy was kept")
+        self.assertTrue(os.path.exists(older))
+        os.remove(older)
+        self.check_store(srv)
+        write_bytes(self.root, "a.txt", b"three\n")
+        srv.ok("tc_restore", root=self.root, index=2, apply=True)
+        with open(os.path.join(self.root, "a.txt"), "rb") as fh:
+            self.assertEqual(fh.read(), coming)
+
+
 class KillDuringRestore(CrashTest):
 
     def test_sigkill_during_restore_rolls_back_or_completes(self):
