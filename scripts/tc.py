@@ -268,7 +268,9 @@ def gc_paused(fn):
 _FLUSH_POOL = []
 _WORK_POOL = []
 _POOL_LOCK = threading.Lock()
-WORK_THREADS = 4  # file copies and hashing: both release the GIL
+# File copies and hashing both release the GIL; each thread holds up to
+# READ_WHOLE_LIMIT + CHUNK bytes at a time.
+WORK_THREADS = max(2, min(4, os.cpu_count() or 1))
 
 
 def _pool(pools, workers, name):
@@ -1027,6 +1029,7 @@ class PayloadStore:
 
     def forget_dirs(self):
         self._dirs.clear()
+        self._listings.clear()
 
     def _prefix_dir(self, sha):
         directory = os.path.join(self.directory, sha[:2])
@@ -3130,6 +3133,17 @@ class Checkpoints:
         with self._guard:
             self._watched[root] = store.directory
 
+    def _release_caches(self, keep):
+        """Drop what is cached for other stores and workspaces (parsed
+        indexes, manifests, name decisions) before an operation that needs
+        memory of its own, so its peak is not stacked on top of theirs.
+        They are read again when next needed."""
+        with self._guard:
+            for store in self._stores.values():
+                if store is not keep:
+                    store.forget_caches()
+            self._policies = {}
+
     def _policy(self, ws):
         """One PathPolicy per (root, exclude, store location): its name caches
         then serve every scan of that workspace."""
@@ -4164,6 +4178,7 @@ class Checkpoints:
             if ws.records.exists() or os.path.lexists(ws.records.directory):
                 raise AlreadyExists("task %r already exists in the store %r; nothing was "
                                     "imported" % (task_id, store.directory))
+            self._release_caches(keep=store)
             recovered = self._import_locked(ws, package, desc)
         self._watch(root, store)
         return {"task_id": task_id, "recovered": recovered}
@@ -4176,10 +4191,11 @@ class Checkpoints:
         # The workspace as it is, content stored: the undo point for overwritten files.
         pre = self._snapshot(ws, store_content=True)
         pre, _ = self._secure_undo(ws, pre, [f["path"] for f in desc["files"]])
-        targets = [(f["path"], safe_workspace_path(ws.root, f["path"])) for f in desc["files"]]
         journal = Journal(ws.store, "import", ws.root)
         overwritten = []
-        for item, (rel, full) in zip(desc["files"], targets):
+        for item in desc["files"]:
+            rel = item["path"]
+            full = safe_workspace_path(ws.root, rel)  # refused here, before anything is written
             have = pre.entries.get(rel)
             if have is None and os.path.lexists(full) and not os.path.isdir(full):
                 raise Conflict("%r is in the workspace but could not be read; nothing was "
@@ -4193,29 +4209,29 @@ class Checkpoints:
         for sha in carried_history_shas(package, desc):
             payloads.put_file(os.path.join(package, "history", "payload", sha))
         new_payloads = payloads.pending[before_pending:] + [
-            payloads.path(f["sha256"]) for f in desc["files"] if not payloads.has(f["sha256"])]
-        journal.data["created_dirs"] = missing_dirs(ws.root, [rel for rel, _ in targets])
+            f["sha256"] for f in desc["files"] if not payloads.has(f["sha256"])]
+        journal.data["created_dirs"] = missing_dirs(ws.root, [f["path"] for f in desc["files"]])
         journal.data["store_new_dirs"] = [os.path.relpath(ws.records.directory, ws.store.directory)]
         journal.backup_store_file(ws.store.current_path)
         journal.begin(payloads_new=new_payloads + pre.created)
         try:
-            recovered = self._import_apply(ws, journal, package, desc, targets, pre, overwritten)
+            recovered = self._import_apply(ws, journal, package, desc, pre, overwritten)
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
         return recovered
 
-    def _import_apply(self, ws, journal, package, desc, targets, pre, overwritten):
+    def _import_apply(self, ws, journal, package, desc, pre, overwritten):
         payloads = ws.store.payloads
-        by_path = {f["path"]: f for f in desc["files"]}
         rows = dict(pre.rows)
         made = set()
-        for _rel, full in targets:
-            ensure_dir(os.path.dirname(full), made)
+        for item in desc["files"]:
+            ensure_dir(os.path.dirname(safe_workspace_path(ws.root, item["path"])), made)
+        made = None
 
-        def place(target):
-            rel, full = target
-            item = by_path[rel]
+        def place(item):
+            rel = item["path"]
+            full = safe_workspace_path(ws.root, rel)
             src = check_package_entry(package, "files/" + rel)
             if os.path.isdir(full) and not os.path.islink(full):
                 os.rmdir(full)  # only an empty directory may give way to a file
@@ -4231,13 +4247,13 @@ class Checkpoints:
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
 
-        for (rel, _full), row in zip(targets, in_parallel(place, targets)):
-            rows[rel] = row
+        for item, row in zip(desc["files"], in_parallel(place, desc["files"])):
+            rows[item["path"]] = row
         payloads.flush()
         state = self._import_records(ws, desc)
         recovered = None
         if overwritten:
-            new_paths = sorted(set(by_path) - set(pre.entries))
+            new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries))
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import")["id"]
