@@ -1,0 +1,89 @@
+"""in_parallel: the helper that copies and hashes files on a few threads.
+
+Restore and import roll back through their journal when a file fails; that
+is only safe if no worker is still writing once the failure reaches the
+caller. These tests pin that down, with the order of results and the
+sequential path for short lists.
+"""
+
+import sys
+import threading
+import time
+import unittest
+
+import support
+
+sys.path.insert(0, support.SCRIPTS)
+import tc  # noqa: E402
+
+
+class Boom(Exception):
+    pass
+
+
+class InParallelTest(unittest.TestCase):
+
+    def test_results_keep_the_order_of_the_items(self):
+        def slow_square(n):
+            time.sleep(0.001 * ((n * 7) % 5))
+            return n * n
+
+        self.assertEqual(tc.in_parallel(slow_square, range(60)), [n * n for n in range(60)])
+
+    def test_short_lists_run_in_the_calling_thread(self):
+        seen = []
+        tc.in_parallel(lambda n: seen.append(threading.get_ident()), range(3))
+        self.assertEqual(set(seen), {threading.get_ident()})
+
+    def test_long_lists_use_other_threads(self):
+        seen = set()
+        lock = threading.Lock()
+
+        def note(_n):
+            with lock:
+                seen.add(threading.get_ident())
+            time.sleep(0.002)
+
+        tc.in_parallel(note, range(40))
+        self.assertNotIn(threading.get_ident(), seen)
+
+    def test_a_failure_waits_for_every_started_call_and_starts_no_more(self):
+        active, started, finished = [0], [], []
+        lock = threading.Lock()
+
+        def work(n):
+            with lock:
+                active[0] += 1
+                started.append(n)
+            try:
+                if n == 5:
+                    raise Boom("item 5")
+                time.sleep(0.02)
+                return n
+            finally:
+                with lock:
+                    active[0] -= 1
+                    finished.append(n)
+
+        with self.assertRaises(Boom):
+            tc.in_parallel(work, range(500))
+        self.assertEqual(active[0], 0, "a worker was still running when the error arrived")
+        self.assertEqual(sorted(started), sorted(finished))
+        self.assertLess(len(started), 100, "calls kept starting after the failure")
+        # The shared pool still works afterwards.
+        self.assertEqual(tc.in_parallel(lambda n: n + 1, range(20)), list(range(1, 21)))
+
+    def test_the_earliest_failing_item_is_the_one_raised(self):
+        def work(n):
+            if n in (3, 30):
+                time.sleep(0.03 if n == 3 else 0)
+                raise Boom("item %d" % n)
+            return n
+
+        with self.assertRaises(Boom) as caught:
+            tc.in_parallel(work, range(40))
+        self.assertEqual(str(caught.exception), "item 3")
+
+
+if __name__ == "__main__":
+    unittest.main()
