@@ -865,36 +865,38 @@ WRITE_OVER_FLAGS = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
 PAYLOAD_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
 
 
+def _open_no_follow(path, flags):
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+
+
 def open_over(dest, mode):
-    """(file, its size before) of dest opened for writing over in place.
+    """(file, its stat before) of dest opened for writing over in place.
 
     A missing dest is created with the permission bits mode (less any the
     umask removes), never wider. The caller ends with end_over().
     """
     fh = os.fdopen(os.open(dest, WRITE_OVER_FLAGS, mode & 0o777), "wb")
     try:
-        return fh, os.fstat(fh.fileno()).st_size
+        return fh, os.fstat(fh.fileno())
     except BaseException:
         fh.close()
         raise
 
 
-def end_over(fh, path, size_before, mode):
-    """Cut a file written over in place to what was written, and give it
-    mode. Each is done only when needed: even a no-op truncate or chmod is
-    a journaled inode update on most file systems."""
-    if size_before > fh.tell():
+def end_over(fh, path, before, mode):
+    """Cut a file written over in place to what was written and give it
+    mode, each only when needed (even a no-op truncate or chmod is a
+    journaled inode update on most file systems); its stat afterwards."""
+    fh.flush()
+    if before.st_size > fh.tell():
         fh.truncate()
-    set_mode(fh, path, mode)
-
-
-def set_mode(fh, path, mode):
-    """Give the open file fh (named path) the permission bits mode, unless it has them."""
-    if hasattr(os, "fchmod"):
-        if stat_mod.S_IMODE(os.fstat(fh.fileno()).st_mode) != mode:
+    if stat_mod.S_IMODE(before.st_mode) != mode:
+        if hasattr(os, "fchmod"):
             os.fchmod(fh.fileno(), mode)
-    else:
-        os.chmod(path, mode)
+        else:
+            os.chmod(path, mode)
+    return os.fstat(fh.fileno())
+
 
 
 def sync_filesystem(directory):
@@ -1160,18 +1162,18 @@ class PayloadStore:
             raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
         digest = hashlib.sha256()
         with src:
-            out, size_before = open_over(dest, mode)
+            out, before = open_over(dest, mode)
             with out:
                 for block in iter(lambda: src.read(CHUNK), b""):
                     digest.update(block)
                     out.write(block)
-                end_over(out, dest, size_before, mode)
+                end_over(out, dest, before, mode)
         if digest.hexdigest() != sha:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
 
     def import_file(self, src, dest, sha, mode):
         """Copy src into dest (written over in place) and, when missing, into
-        the store, in one read.
+        the store, in one read; dest's stat once written.
 
         Journaled by the caller: its rollback undoes dest and removes the
         payloads it listed as new, so the store copy is written straight to
@@ -1181,8 +1183,16 @@ class PayloadStore:
         store_path = None
         digest = hashlib.sha256()
         try:
-            with open(src, "rb") as fh:
-                out, size_before = open_over(dest, mode)
+            try:
+                fh = open(src, "rb", opener=_open_no_follow)
+            except FileNotFoundError:
+                raise InvalidArgument("the package lacks the file %r it lists" % src) from None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise UnsafePath("the package entry %r is a symlink" % src) from None
+                raise
+            with fh:
+                out, before = open_over(dest, mode)
                 with out:
                     copy = None
                     if not self.has(sha):
@@ -1197,15 +1207,17 @@ class PayloadStore:
                             out.write(block)
                             if copy:
                                 copy.write(block)
-                    end_over(out, dest, size_before, mode)
+                    after = end_over(out, dest, before, mode)
             if digest.hexdigest() != sha:
-                raise InvalidArgument("the package file %r changed while it was imported" % src)
+                raise InvalidArgument("the package file %r does not match its recorded hash "
+                                      "(tampered or damaged)" % src)
             if store_path:
                 self.pending.append(store_path)
                 store_path = None
         finally:
             if store_path:
                 remove_file(store_path)
+        return after
 
     def _opener(self, sha):
         """An opener for open() that creates the prefix directory on demand."""
@@ -2814,10 +2826,9 @@ def _check_description(package, desc):
         seen.add(rel)
         if not (isinstance(item["mode"], int) and isinstance(item["sha256"], str)):
             raise InvalidArgument("the package entry %r is malformed" % rel)
-        full = check_package_entry(package, "files/" + rel)
-        if hash_file(full)[0] != item["sha256"]:
-            raise InvalidArgument("the package file %r does not match its recorded hash "
-                                  "(tampered or damaged)" % rel)
+        # Its bytes are checked against sha256 while they are copied in; a
+        # mismatch fails the import, whose journal then undoes it.
+        check_package_entry(package, "files/" + rel)
     for entry in desc.get("history") or []:
         _check_step(entry["step"], "a step in the package's history")
         for rel, value in entry["files"].items():
@@ -4232,7 +4243,8 @@ class Checkpoints:
         def place(item):
             rel = item["path"]
             full = safe_workspace_path(ws.root, rel)
-            src = check_package_entry(package, "files/" + rel)
+            # Checked in load_package; opened without following a link.
+            src = os.path.join(package, "files", *rel.split("/"))
             if os.path.isdir(full) and not os.path.islink(full):
                 os.rmdir(full)  # only an empty directory may give way to a file
             if os.path.lexists(full) and (linked_elsewhere(full) or not os.access(full, os.W_OK)):
@@ -4240,9 +4252,9 @@ class Checkpoints:
                 remove_file(tmp)
                 payloads.import_file(src, tmp, item["sha256"], item["mode"] & 0o777)
                 os.replace(tmp, full)
+                st = os.lstat(full)  # a rename moves the ctime
             else:
-                payloads.import_file(src, full, item["sha256"], item["mode"] & 0o777)
-            st = os.lstat(full)
+                st = payloads.import_file(src, full, item["sha256"], item["mode"] & 0o777)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
