@@ -1999,6 +1999,8 @@ GIT_ENV_KEPT = frozenset({
 # split-index files in the user's .git, and no commit gets signed.
 GIT_FORCED_CONFIG = ("core.splitIndex=false", "core.untrackedCache=false",
                      "commit.gpgSign=false")
+# A save with at least this many files new to git hashes them in parallel.
+SPLIT_HASHING = 256
 _REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+$")
 
 
@@ -2620,9 +2622,23 @@ class _GitRunner:
         return refs
 
     def hash_blobs(self, paths, kind="blob"):
-        """Write the files as objects of `kind` in one process; their ids in order."""
+        """Write the files as objects of `kind`; their ids in order.
+
+        One process, or, for a first save's worth of files (at least
+        SPLIT_HASHING), one per work thread side by side: hashing and
+        compressing is CPU work, and the number of processes still does
+        not grow with the number of files."""
         if any("\n" in p or "\r" in p for p in paths):
             raise GitCommandFailed("a payload path contains a line break")
+        parts = WORK_THREADS if len(paths) >= SPLIT_HASHING else 1
+        chunks = [paths[i::parts] for i in range(parts)]
+        results = in_parallel(lambda chunk: self._hash_objects(chunk, kind), chunks, minimum=2)
+        oids = [None] * len(paths)
+        for i, chunk_oids in enumerate(results):
+            oids[i::parts] = chunk_oids
+        return oids
+
+    def _hash_objects(self, paths, kind):
         data = "".join(p + "\n" for p in paths).encode("utf-8", "surrogateescape")
         out, _ = self.run(["hash-object", "-w", "-t", kind, "--no-filters", "--stdin-paths"],
                           input=data)

@@ -785,6 +785,17 @@ class TreeBuildTest(GitCase):
         self.assertEqual(rev(self.root, ref_of(task, 2) + "^{tree}"), git_own_tree(self.root))
         self.assertTreeMatches(self.root, ref_of(task, 2), expected_tree(self.root))
 
+    def test_many_new_files_hashed_side_by_side(self):
+        # Enough files new to git that the server splits hashing over processes.
+        make_git_repo(self.root)
+        for i in range(300):
+            self.write("bulk/%02d/f%03d.txt" % (i % 17, i), "bulk file %d\n" % i * (1 + i % 5))
+        srv, task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="bulk")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        self.assertEqual(rev(self.root, ref_of(task, 1) + "^{tree}"), git_own_tree(self.root))
+        self.assertTreeMatches(self.root, ref_of(task, 1), expected_tree(self.root))
+
     def test_sha256_repository(self):
         git(self.root, "init", "-q", "--object-format=sha256", "-b", "main")
         self.write_awkward("sha256")
