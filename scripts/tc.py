@@ -291,17 +291,21 @@ def in_parallel(fn, items, *, minimum=8):
     the exception of the earliest failing item is raised.
     """
     items = list(items)
-    if len(items) < minimum:
-        return [fn(item) for item in items]
+    if len(items) < minimum or threading.current_thread().name.startswith("tc-work"):
+        return [fn(item) for item in items]  # few items, or nested: no waiting on the pool
     pool = _pool(_WORK_POOL, WORK_THREADS, "tc-work")
     results, window = [], collections.deque()
     try:
         for item in items:
             window.append(pool.submit(fn, item))
             if len(window) >= 4 * WORK_THREADS:
-                results.append(window.popleft().result())
+                # Leaves the window only once done: an interrupt while
+                # waiting still finds it there to wait for below.
+                results.append(window[0].result())
+                window.popleft()
         while window:
-            results.append(window.popleft().result())
+            results.append(window[0].result())
+            window.popleft()
     except BaseException:
         for future in window:
             future.cancel()
@@ -931,6 +935,7 @@ class PayloadStore:
         self.pending = []  # payloads written since the last flush
         self._dirs = set()  # prefix directories known to exist
         self._listings = {}  # prefix -> (mtime_ns, names), see missing()
+        self.suspect = False  # a short payload could not be removed: verify at next lock
 
     def path(self, sha):
         return os.path.join(self.directory, sha[:2], sha)
@@ -1057,7 +1062,10 @@ class PayloadStore:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
         except BaseException:
-            remove_file(target)
+            try:
+                remove_file(target)
+            except OSError:
+                self.suspect = True  # the store keeps its "writing" marker for the next check
             raise
         self.pending.append(target)
         return target
@@ -2056,63 +2064,99 @@ def git_file_mode(mode):
 
 
 class GitObjectCache:
-    """The objects of each task's last checkpoint commit, in a JSON file.
+    """The git objects of one task's last checkpoint commit.
 
-    Lives at <store>/git/blobs.json as {"version": 2, "repos": {<git common
-    dir>: {<task id>: {"commit": id, "used": time, "blobs": {sha256 of
-    stored content: blob id}, "trees": [tree ids]}}}}: the blob and tree ids
-    of the last commit made for the task. They are trusted only while that
-    commit is still the target of one of the task's checkpoint refs: the
-    ref keeps every object under it from being pruned, so a tree may name
-    them without asking git whether they exist. A store shared by several
-    repositories never hands one repository an id that only another has.
-    Written with temp + os.replace; losing the file only costs hashing again.
+    Two files under <store>/git/tasks/: <task_id>.json {"version", "repo":
+    git common dir, "commit", "trees": [tree ids], "blobs_gen"} and
+    <task_id>.blobs.json {"gen", "blobs": {sha256 of stored content: blob
+    id}}, the second rewritten only when the blobs change. The ids are
+    trusted only while that commit is still the target of one of the
+    task's checkpoint refs (the ref keeps every object under it from being
+    pruned, so a tree may name them without asking git whether they exist)
+    and both files carry the same generation (a crash between the two
+    writes costs hashing again, never a wrong id). Parsed files are kept in
+    memory while their stat is unchanged. Written with temp + os.replace,
+    not flushed: losing them only costs hashing again.
     """
 
-    VERSION = 2
-    TASKS_KEPT = 16  # per repository, the most recently used
+    VERSION = 3
+    _parsed = {}  # path -> (stat key, document); the last few only
+    _parsed_lock = threading.Lock()
 
-    def __init__(self, path, repo_key, task_id):
-        self.path = path
-        self.task_id = task_id
-        self._all = self._load()
-        self._repo = self._all.setdefault(repo_key, {})
+    def __init__(self, store_git, repo_key, task_id):
+        directory = os.path.join(store_git, "tasks")
+        self.head_path = os.path.join(directory, task_id + ".json")
+        self.blobs_path = os.path.join(directory, task_id + ".blobs.json")
+        self.repo_key = repo_key
+        self.head = self._load(self.head_path)
+        self.blobs_doc = None
 
-    def _load(self):
+    @classmethod
+    def _load(cls, path):
         try:
-            with open(self.path, "r", encoding="utf-8") as fh:
-                data = json.load(fh)
-            repos = data.get("repos") if data.get("version") == self.VERSION else None
-            return repos if isinstance(repos, dict) else {}
-        except (OSError, ValueError, AttributeError):
+            st = os.stat(path)
+        except OSError:
             return {}
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        with cls._parsed_lock:
+            hit = cls._parsed.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        try:
+            with open(path, "r", encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        cls._remember_parsed(path, key, doc)
+        return doc
+
+    @classmethod
+    def _remember_parsed(cls, path, key, doc):
+        with cls._parsed_lock:
+            cls._parsed.pop(path, None)
+            cls._parsed[path] = (key, doc)
+            while len(cls._parsed) > 4:
+                cls._parsed.pop(next(iter(cls._parsed)))
 
     def trusted(self, commits):
         """({sha256: blob id}, {tree id}) of the task's last commit, if that
         commit is one of `commits` (the task's refs); else two empty sets."""
-        last = self._repo.get(self.task_id)
-        if not isinstance(last, dict) or last.get("commit") not in commits:
+        head = self.head
+        if (head.get("version") != self.VERSION or head.get("repo") != self.repo_key
+                or head.get("commit") not in commits):
             return {}, set()
-        blobs, trees = last.get("blobs"), last.get("trees")
-        if not isinstance(blobs, dict) or not isinstance(trees, list):
+        doc = self._load(self.blobs_path)
+        blobs, trees = doc.get("blobs"), head.get("trees")
+        if (doc.get("gen") != head.get("blobs_gen") or not isinstance(blobs, dict)
+                or not isinstance(trees, list)):
             return {}, set()
+        self.blobs_doc = doc
         return blobs, set(trees)
 
     def remember(self, commit, blobs, trees):
-        self._repo[self.task_id] = {"commit": commit, "used": time.time(),
-                                    "blobs": blobs, "trees": sorted(trees)}
-        if len(self._repo) > self.TASKS_KEPT:
-            by_use = sorted(self._repo, key=lambda task: self._used(self._repo[task]))
-            for task in by_use[:len(self._repo) - self.TASKS_KEPT]:
-                del self._repo[task]
-        data = {"version": self.VERSION, "repos": self._all}
-        atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
-                     durable=False)
+        """Record the commit just made (its ref exists) and the objects under it."""
+        gen = self.blobs_doc.get("gen") if self.blobs_doc else None
+        if self.blobs_doc is None or self.blobs_doc.get("blobs") != blobs:
+            gen = secrets.token_hex(8)
+            self._write(self.blobs_path, {"gen": gen, "blobs": blobs})
+            with contextlib.suppress(OSError):  # the single cache file of earlier versions
+                remove_file(os.path.join(os.path.dirname(os.path.dirname(self.blobs_path)),
+                                         "blobs.json"))
+        self._write(self.head_path, {"version": self.VERSION, "repo": self.repo_key,
+                                     "commit": commit, "trees": sorted(trees),
+                                     "blobs_gen": gen})
 
-    @staticmethod
-    def _used(entry):
-        used = entry.get("used") if isinstance(entry, dict) else None
-        return used if isinstance(used, (int, float)) else 0
+    def _write(self, path, doc):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, json.dumps(doc, separators=(",", ":")).encode("utf-8"),
+                     durable=False)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        self._remember_parsed(path, (st.st_mtime_ns, st.st_size, st.st_ino), doc)
 
 
 def git_trees(files, oid_bytes):
@@ -2163,11 +2207,12 @@ class GitRefWriter:
 
     Contract:
     - Plumbing only: one rev-parse (git dir, common dir, work tree top),
-      hash-object (only for content git does not have yet), mktree --batch
-      (only for trees git does not have yet), commit-tree, update-ref: at
-      most five processes for a save in a repository whose refs are files
-      (one more rev-parse when update-ref fails, to tell an existing ref
-      from another failure). The tree ids are computed here (git_trees),
+      hash-object (only for content git does not have yet; one process per
+      work thread from SPLIT_HASHING files on), hash-object -t tree (only
+      for trees git does not have yet), commit-tree, update-ref: at most
+      five processes for a save in a repository whose refs are files (one
+      more rev-parse when update-ref fails, to tell an existing ref from
+      another failure). The tree ids are computed here (git_trees),
       so only the directories that changed since the last checkpoint are
       sent to git, and git's answer must match them.
       Nothing moves HEAD, touches a branch, the user's index or the work
@@ -2282,14 +2327,14 @@ class GitRefWriter:
             self.log("git ref %s already exists; left as it is" % ref)
             return self.skipped("ref exists")
         files = [(p, git_file_mode(m), sha) for p, m, sha, kind in entries if kind == "f"]
-        cache = GitObjectCache(os.path.join(store_dir, "git", "blobs.json"),
-                               repo_key, task_id)
+        cache = GitObjectCache(os.path.join(store_dir, "git"), repo_key, task_id)
         parent = choose_parent(existing, ref, parent_hint)
-        commit = self._commit(run, cache, files, payload_path, parent, message,
-                              set(existing.values()))
+        commit, blobs, trees = self._commit(run, cache, files, payload_path, parent, message,
+                                            set(existing.values()))
         if not run.create_ref(ref, commit, message):
             self.log("git ref %s appeared concurrently; left as it is" % ref)
             return self.skipped("ref exists")
+        cache.remember(commit, blobs, trees)  # only a commit a ref holds is trusted later
         return self.made(ref)
 
     def _commit(self, run, cache, files, payload_path, parent, message, commits):
@@ -2312,9 +2357,8 @@ class GitRefWriter:
         if new:
             run.make_trees(list(new.items()))
         commit = run.commit_tree(trees[-1][0], parent, message)
-        cache.remember(commit, {sha: blobs[sha] for _, _, sha in files},
-                       [tree_id for tree_id, _ in trees])
-        return commit
+        return (commit, {sha: blobs[sha] for _, _, sha in files},
+                [tree_id for tree_id, _ in trees])
 
 
 def choose_parent(existing, ref, parent_hint):
@@ -2966,7 +3010,13 @@ class Store:
 
     def end_write(self):
         if self._writing:
-            remove_file(self.marker_path)
+            if self.payloads.suspect:
+                # Left in place: the next lock holder checks recent payloads.
+                self.log("a stored content file could not be removed after a failed write; "
+                         "it is checked when the store is next locked")
+                self.payloads.suspect = False
+            else:
+                remove_file(self.marker_path)
             self._writing = False
 
     def recover(self):

@@ -73,6 +73,57 @@ class InParallelTest(unittest.TestCase):
         # The shared pool still works afterwards.
         self.assertEqual(tc.in_parallel(lambda n: n + 1, range(20)), list(range(1, 21)))
 
+    def test_an_interrupt_while_waiting_still_waits_for_the_workers(self):
+        # An exception that reaches the caller while it waits for a result
+        # (Ctrl-C in the server) must not leave that call running.
+        active = [0]
+        lock = threading.Lock()
+        release = threading.Event()
+
+        def work(n):
+            with lock:
+                active[0] += 1
+            try:
+                if n == 0:
+                    release.wait(5)
+                return n
+            finally:
+                with lock:
+                    active[0] -= 1
+
+        def interrupt():
+            time.sleep(0.1)
+            release.set()
+
+        original = tc.concurrent.futures.Future.result
+        calls = [0]
+
+        def result_then_interrupt(future, timeout=None):
+            calls[0] += 1
+            if calls[0] == 1:
+                threading.Thread(target=interrupt).start()
+                raise KeyboardInterrupt
+            return original(future, timeout)
+
+        tc.concurrent.futures.Future.result = result_then_interrupt
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                tc.in_parallel(work, range(8))
+        finally:
+            tc.concurrent.futures.Future.result = original
+        self.assertEqual(active[0], 0, "a worker was still running after the interrupt")
+
+    def test_nested_calls_run_in_the_worker_instead_of_waiting_on_the_pool(self):
+        def outer(n):
+            return sum(tc.in_parallel(lambda m: m * n, range(10)))
+
+        done = []
+        thread = threading.Thread(target=lambda: done.append(tc.in_parallel(outer, range(12))))
+        thread.start()
+        thread.join(10)
+        self.assertFalse(thread.is_alive(), "nested in_parallel deadlocked")
+        self.assertEqual(done, [[45 * n for n in range(12)]])
+
     def test_the_earliest_failing_item_is_the_one_raised(self):
         def work(n):
             if n in (3, 30):
