@@ -694,6 +694,32 @@ class GitEnvironmentTest(GitCase):
         self.assertEqual(set(hashed[0]) & set(hashed[1]), set())
 
     @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+    def test_a_ref_taken_during_the_save_does_not_cost_the_next_one_a_rehash(self):
+        make_git_repo(self.root)
+        for i in range(20):
+            self.write("src/f%02d.txt" % i, "file %d\n" % i)
+        wanted = os.path.join(self.tmp, "ref-to-take")
+        # Someone else creates the very ref while the save is making its commit.
+        env = self.make_spy_git(on_commit_tree='%s update-ref "$(cat %s)" HEAD'
+                                % (REAL_GIT, wanted))
+        srv, task = self.start(env=env)
+        srv.ok("tc_save", root=self.root, title="one")
+        write(self.tmp, "ref-to-take", ref_of(task, 2))
+        self.arm_spy()
+        self.write("src/f00.txt", "changed for two\n")
+        two = srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(two["git"]["reason"], "ref exists", two["git"])
+        self.assertNotIn("ACTION-FAILED", self.spy_action_output())
+        self.write("src/f01.txt", "changed for three\n")
+        lines = len(self.spy_hashed_lines())
+        three = srv.ok("tc_save", root=self.root, title="three")
+        self.assertEqual(three["git"]["ok"], True, three["git"])
+        # Only three's own new content (f01, and f00 whose commit no ref holds).
+        self.assertEqual(len(self.spy_hashed_lines()) - lines, 2)
+        self.assertEqual(git(self.root, "cat-file", "blob", ref_of(task, 3) + ":src/f01.txt"),
+                         b"changed for three\n")
+
+    @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
     def test_verify_off_reports_null_and_skips_the_fingerprint(self):
         make_git_repo(self.root)
         self.write("a.txt", "a\n")
