@@ -902,7 +902,6 @@ def end_over(fh, path, before, mode):
     return os.fstat(fh.fileno())
 
 
-
 def sync_filesystem(directory):
     """Flush the file system holding directory in one call (Linux syncfs,
     else a global sync); False where neither exists."""
@@ -1581,7 +1580,6 @@ class TaskRecords:
                             lambda files: {rel: row_to_entry(row) for rel, row in files.items()})
 
 
-
 def index_row(info, kind, sha):
     return [info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev, info.mode, kind, sha]
 
@@ -2080,7 +2078,7 @@ class GitObjectCache:
     """
 
     VERSION = 3
-    _parsed = {}  # path -> (stat key, document); the last few only
+    _parsed = {}  # path -> (stat key, document); the last two only
     _parsed_lock = threading.Lock()
 
     def __init__(self, store_git, repo_key, task_id):
@@ -2117,7 +2115,7 @@ class GitObjectCache:
         with cls._parsed_lock:
             cls._parsed.pop(path, None)
             cls._parsed[path] = (key, doc)
-            while len(cls._parsed) > 4:
+            while len(cls._parsed) > 2:  # one task's pair: a blobs map can be megabytes
                 cls._parsed.pop(next(iter(cls._parsed)))
 
     def trusted(self, commits):
