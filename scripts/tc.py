@@ -902,13 +902,18 @@ def end_over(fh, path, before, mode):
     return os.fstat(fh.fileno())
 
 
+_LIBC = []
+
+
 def sync_filesystem(directory):
     """Flush the file system holding directory in one call (Linux syncfs,
     else a global sync); False where neither exists."""
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
+            if not _LIBC:
+                import ctypes
+                _LIBC.append(ctypes.CDLL(None, use_errno=True))
+            libc = _LIBC[0]
             fd = os.open(directory, os.O_RDONLY)
             try:
                 if libc.syncfs(fd) == 0:
@@ -923,6 +928,24 @@ def sync_filesystem(directory):
     return False
 
 
+def unwritten_bytes():
+    """Bytes the kernel still has to write back, all file systems together
+    (Dirty + Writeback in /proc/meminfo); None where that is not known."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    values = [int(line.split()[1]) * 1024 for line in lines
+              if line.startswith((b"Dirty:", b"Writeback:"))]
+    return sum(values) if len(values) == 2 else None
+
+
+# A batch of fsyncs is replaced by one syncfs when the file system has at
+# most this much else to write: the flush then costs about one fsync, and
+# never waits long for other programs' data.
+SYNCFS_OTHER_DIRTY_LIMIT = 4 * 1024 * 1024
+
 STORE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
@@ -935,6 +958,7 @@ class PayloadStore:
         self._dirs = set()  # prefix directories known to exist
         self._listings = {}  # prefix -> (mtime_ns, names), see missing()
         self.suspect = False  # a short payload could not be removed: verify at next lock
+        self.pending_bytes = 0  # bytes of the pending payloads
 
     def path(self, sha):
         return os.path.join(self.directory, sha[:2], sha)
@@ -1067,6 +1091,7 @@ class PayloadStore:
                 self.suspect = True  # the store keeps its "writing" marker for the next check
             raise
         self.pending.append(target)
+        self.pending_bytes += len(data)
         return target
 
     def verify_since(self, since_ns):
@@ -1118,6 +1143,7 @@ class PayloadStore:
                 written = self.path(sha)
                 os.replace(tmp, written)
                 self.pending.append(written)
+                self.pending_bytes += total
         except BaseException:
             remove_file(tmp)
             raise
@@ -1132,11 +1158,22 @@ class PayloadStore:
         self.flush_with([])
 
     def flush_with(self, later):
-        """flush(), together with the store records listed in later (see write_record)."""
+        """flush(), together with the store records listed in later (see write_record).
+
+        One syncfs instead of an fsync per file and directory when there are
+        many files, or a batch worth it while little else waits to be written
+        (an fsync each costs a disk flush; syncfs costs one for all)."""
         pending, self.pending = self.pending, []
+        written, self.pending_bytes = self.pending_bytes, 0
+        paths = pending + sorted({os.path.dirname(p) for p in pending}) + later
         if len(pending) > 64 and sync_filesystem(self.directory):
-            return  # many files: one flush of the file system beats an fsync each
-        fsync_paths(pending + sorted({os.path.dirname(p) for p in pending}) + later)
+            return
+        if len(paths) >= 8:
+            unwritten = unwritten_bytes()
+            if (unwritten is not None and unwritten - written <= SYNCFS_OTHER_DIRTY_LIMIT
+                    and sync_filesystem(self.directory)):
+                return
+        fsync_paths(paths)
 
     def copy_out(self, sha, dest, mode):
         """Write the payload to dest (a new file), verifying its hash."""
@@ -1220,6 +1257,7 @@ class PayloadStore:
                                       "(tampered or damaged)" % src)
             if store_path:
                 self.pending.append(store_path)
+                self.pending_bytes += after.st_size
                 store_path = None
         finally:
             if store_path:
