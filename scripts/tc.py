@@ -268,9 +268,24 @@ def gc_paused(fn):
 _FLUSH_POOL = []
 _WORK_POOL = []
 _POOL_LOCK = threading.Lock()
-# File copies and hashing both release the GIL; each thread holds up to
-# READ_WHOLE_LIMIT + CHUNK bytes at a time.
-WORK_THREADS = max(2, min(4, os.cpu_count() or 1))
+def work_threads(value, cores):
+    """Threads that copy and hash files: TC_WORK_THREADS (1 to 16) if set,
+    else half the cores, at most 4. On two cores one thread measured faster:
+    most of the per-file work is Python under the GIL, and the file system
+    needs the other core. Each thread holds up to READ_WHOLE_LIMIT + CHUNK
+    bytes at a time."""
+    try:
+        number = int(str(value).strip())
+        if 1 <= number <= 16:
+            return number
+    except ValueError:
+        pass
+    return max(1, min(4, (cores or 1) // 2))
+
+
+WORK_THREADS = work_threads(os.environ.get("TC_WORK_THREADS"), os.cpu_count())
+# Git processes that hash a first save's files side by side.
+GIT_HASH_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 
 
 def _pool(pools, workers, name):
@@ -291,8 +306,9 @@ def in_parallel(fn, items, *, minimum=8):
     the exception of the earliest failing item is raised.
     """
     items = list(items)
-    if len(items) < minimum or threading.current_thread().name.startswith("tc-work"):
-        return [fn(item) for item in items]  # few items, or nested: no waiting on the pool
+    if (len(items) < minimum or WORK_THREADS < 2
+            or threading.current_thread().name.startswith("tc-work")):
+        return [fn(item) for item in items]  # few items, one core's worth, or nested
     pool = _pool(_WORK_POOL, WORK_THREADS, "tc-work")
     results, window = [], collections.deque()
     try:
@@ -2362,7 +2378,8 @@ class GitRefWriter:
         if ref in existing:
             self.log("git ref %s already exists; left as it is" % ref)
             return self.skipped("ref exists")
-        files = [(p, git_file_mode(m), sha) for p, m, sha, kind in entries if kind == "f"]
+        files = [(path, git_file_mode(entry[3]), entry[1]) for path, entry in entries.items()
+                 if entry[0] == KIND_FILE]
         cache = GitObjectCache(os.path.join(store_dir, "git"), repo_key, task_id)
         parent = choose_parent(existing, ref, parent_hint)
         commit, blobs, trees = self._commit(run, cache, files, payload_path, parent, message,
@@ -2705,17 +2722,33 @@ class _GitRunner:
         """Write the files as objects of `kind`; their ids in order.
 
         One process, or, for a first save's worth of files (at least
-        SPLIT_HASHING), one per work thread side by side: hashing and
+        SPLIT_HASHING), GIT_HASH_PROCESSES side by side: hashing and
         compressing is CPU work, and the number of processes still does
         not grow with the number of files."""
         if any("\n" in p or "\r" in p for p in paths):
             raise GitCommandFailed("a payload path contains a line break")
-        parts = WORK_THREADS if len(paths) >= SPLIT_HASHING else 1
-        chunks = [paths[i::parts] for i in range(parts)]
-        results = in_parallel(lambda chunk: self._hash_objects(chunk, kind), chunks, minimum=2)
+        parts = GIT_HASH_PROCESSES if len(paths) >= SPLIT_HASHING else 1
+        if parts < 2:
+            return self._hash_objects(paths, kind)
+        results = [None] * parts
+
+        def run(part):
+            try:
+                results[part] = self._hash_objects(paths[part::parts], kind)
+            except BaseException as exc:  # re-raised by the caller's thread
+                results[part] = exc
+
+        threads = [threading.Thread(target=run, args=(part,), name="tc-git-hash")
+                   for part in range(parts)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         oids = [None] * len(paths)
-        for i, chunk_oids in enumerate(results):
-            oids[i::parts] = chunk_oids
+        for part, got in enumerate(results):
+            if isinstance(got, BaseException):
+                raise got
+            oids[part::parts] = got
         return oids
 
     def _hash_objects(self, paths, kind):
@@ -3715,11 +3748,10 @@ class Checkpoints:
 
     def _git_ref(self, ws, step):
         index, entries, title = step
-        rows = [(rel, e[3], e[1], e[0]) for rel, e in sorted(entries.items())]
         try:
             return self.git.write_step_ref(
                 root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
-                step_index=index, entries=rows, payload_path=ws.store.payloads.path,
+                step_index=index, entries=entries, payload_path=ws.store.payloads.path,
                 message="checkpoint %s s%04d: %s" % (ws.task_id, index, title))
         except Exception as exc:  # git never fails a save
             self.log("git ref failed: %s" % traceback.format_exc())

@@ -23,12 +23,34 @@ class Boom(Exception):
 
 class InParallelTest(unittest.TestCase):
 
+    def setUp(self):
+        # Whatever this machine's default, these tests want the threads.
+        self.saved = tc.WORK_THREADS
+        tc.WORK_THREADS = 3
+
+    def tearDown(self):
+        tc.WORK_THREADS = self.saved
+
     def test_results_keep_the_order_of_the_items(self):
         def slow_square(n):
             time.sleep(0.001 * ((n * 7) % 5))
             return n * n
 
         self.assertEqual(tc.in_parallel(slow_square, range(60)), [n * n for n in range(60)])
+
+    def test_one_work_thread_runs_everything_in_the_calling_thread(self):
+        tc.WORK_THREADS = 1
+        seen = []
+        tc.in_parallel(lambda n: seen.append(threading.get_ident()), range(50))
+        self.assertEqual(set(seen), {threading.get_ident()})
+
+    def test_thread_count_from_the_environment_or_the_cores(self):
+        self.assertEqual(tc.work_threads("6", 2), 6)
+        self.assertEqual(tc.work_threads(None, 2), 1)
+        self.assertEqual(tc.work_threads(None, 8), 4)
+        self.assertEqual(tc.work_threads(None, 6), 3)
+        for bad in ("0", "17", "many", ""):
+            self.assertEqual(tc.work_threads(bad, 8), 4, bad)
 
     def test_short_lists_run_in_the_calling_thread(self):
         seen = []
