@@ -1198,17 +1198,21 @@ class PayloadStore:
             src = open(self.path(sha), "rb")
         except FileNotFoundError:
             raise StoreCorrupt("stored content %s is missing from the payload store" % sha[:12])
-        with src, open(dest, "xb") as out:
+        # Created with its mode (less the umask), so the usual case needs no chmod.
+        with src, open(dest, "xb", opener=lambda path, flags: os.open(path, flags,
+                                                                      mode & 0o777)) as out:
             while True:
                 block = src.read(CHUNK)
                 if not block:
                     break
                 digest.update(block)
                 out.write(block)
+            if digest.hexdigest() == sha:
+                out.flush()
+                end_over(out, dest, os.fstat(out.fileno()), mode)
         if digest.hexdigest() != sha:
             remove_file(dest)
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
-        os.chmod(dest, mode)
 
     def write_over(self, sha, dest, mode):
         """Write the payload into dest in place (created or truncated) and verify it.
@@ -2861,8 +2865,13 @@ def handoff_markdown(desc):
     return "\n".join(out)
 
 
-def copy_tree_file(payloads, sha, dest, mode):
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
+def copy_tree_file(payloads, sha, dest, mode, made=None):
+    """copy_out into a tree, creating dest's folder (once per folder with made)."""
+    folder = os.path.dirname(dest)
+    if made is None or folder not in made:
+        os.makedirs(folder, exist_ok=True)
+        if made is not None:
+            made.add(folder)
     payloads.copy_out(sha, dest, mode)
 
 
@@ -4288,21 +4297,23 @@ class Checkpoints:
                 filtered.append({"path": rel, "reason": "stored content missing"})
             else:
                 files.append({"path": rel, "sha256": sha, "size": size, "mode": mode})
+        made = set()
         in_parallel(lambda f: copy_tree_file(payloads, f["sha256"], os.path.join(
-            directory, *f["path"].split("/")), f["mode"]), files)
+            directory, *f["path"].split("/")), f["mode"], made), files)
         return files, filtered
 
     def _export_history(self, ws, directory):
         """Every step's record and full manifest, and each needed content once."""
         steps = []
         payloads = ws.store.payloads
-        written = set()
+        written, made = set(), set()
         for number in ws.records.step_numbers():
             step = ws.records.read_step(number)
             entries = ws.records.manifests.load(step["manifest"])
             for kind, sha, _size, mode, _m in entries.values():
                 if kind == KIND_FILE and sha not in written and payloads.has(sha):
-                    copy_tree_file(payloads, sha, os.path.join(directory, "payload", sha), 0o644)
+                    copy_tree_file(payloads, sha, os.path.join(directory, "payload", sha), 0o644,
+                                   made)
                     written.add(sha)
             steps.append({"step": step,
                           "files": {p: list(e) for p, e in sorted(entries.items())}})
