@@ -397,6 +397,20 @@ def write_json(path, obj, *, durable=True, sort_keys=True):
         atomic_write(path, utf8_slices(text), durable=durable)
 
 
+def stage_record(path, obj):
+    """obj written to a new temporary name beside path, not yet flushed; the
+    temporary name, for the caller to flush and rename over path."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(dump_json(obj))
+    except BaseException:
+        remove_file(tmp)
+        raise
+    return tmp
+
+
 def write_record(path, obj, later=None):
     """A store record: small, so each is made durable on its own (an fsync of
     the file and its directory), which never flushes the user's files.
@@ -1464,6 +1478,22 @@ class TaskRecords:
     def write_state(self, state):
         state["updated"] = now_iso()
         write_record(self.state_path, state)
+
+    def write_state_with(self, state, flush):
+        """write_state, with the new state file's own fsync in the batch that
+        flush(later) makes durable: the state's bytes are on disk together
+        with the records it points at, and only then does its name move
+        (rename, then an fsync of the directory). One disk wait fewer than
+        flush followed by write_state, the same order of what becomes visible."""
+        state["updated"] = now_iso()
+        staged = stage_record(self.state_path, state)
+        try:
+            flush([staged])
+            os.replace(staged, self.state_path)
+        except BaseException:
+            remove_file(staged)
+            raise
+        fsync_dir(os.path.dirname(self.state_path))
 
     def read_step(self, index):
         try:
@@ -3723,9 +3753,11 @@ class Checkpoints:
         if close:
             state["status"] = "closed"
             state["closed"] = now_iso()
-        ws.store.payloads.flush_with(later)
         if state != state_before:  # an idempotent save leaves the state file alone
-            ws.records.write_state(state)
+            ws.records.write_state_with(
+                state, lambda staged: ws.store.payloads.flush_with(later + staged))
+        else:
+            ws.store.payloads.flush_with(later)
         self._write_index(ws, snap, old_index)
         result.update({"index": index, "idempotent": idempotent, "closed": close,
                        "status": state["status"]})
@@ -3962,8 +3994,8 @@ class Checkpoints:
                 drift = self._record_drift(ws, state, snap.entries, old_entries, kind=source,
                                            partial=partial or waiting, later=later)
                 state["index_manifest"] = drift["manifest"]
-                ws.store.payloads.flush_with(later)
-                ws.records.write_state(state)
+                ws.records.write_state_with(
+                    state, lambda staged: ws.store.payloads.flush_with(later + staged))
             self._write_index(ws, snap, old_index)
         self._watch(ws.root, ws.store)
         if self.watcher and source == "capture":
