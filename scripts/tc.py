@@ -1245,9 +1245,10 @@ class PayloadStore:
                 for block in iter(lambda: src.read(CHUNK), b""):
                     digest.update(block)
                     out.write(block)
-                end_over(out, dest, before, mode)
+                after = end_over(out, dest, before, mode)
         if digest.hexdigest() != sha:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
+        return after
 
     def import_file(self, src, dest, sha, mode):
         """Copy src into dest (written over in place) and, when missing, into
@@ -4078,8 +4079,8 @@ class Checkpoints:
         journal.backup_store_file(ws.records.index_log_path)
         journal.begin(payloads_new=snap.created)
         try:
-            self._apply_plan(ws, journal, target, plan)
-            rows = self._rows_after_restore(ws, snap, target, plan)
+            stats = self._apply_plan(ws, journal, target, plan)
+            rows = self._rows_after_restore(snap, target, plan, stats)
             # The recovered record lists what undoing the restore brings back.
             drift = self._record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
@@ -4122,31 +4123,36 @@ class Checkpoints:
             full = safe_workspace_path(ws.root, rel)
             ensure_dir(os.path.dirname(full), made)
             writes.append((rel, full))
-        in_parallel(lambda item: self._restore_file(payloads, journal, target, *item), writes)
+        stats = in_parallel(lambda item: self._restore_file(payloads, journal, target, *item),
+                            writes)
+        return {rel: st for (rel, _full), st in zip(writes, stats)}
 
     @staticmethod
     def _restore_file(payloads, journal, target, rel, full):
-        """Write one file of a restore (its directory exists)."""
+        """Write one file of a restore (its directory exists); its stat after."""
         _kind, sha, _size, mode, _mtime = target[rel]
         if os.path.isdir(full) and not os.path.islink(full):
             os.rmdir(full)  # only an empty directory may give way to a file
         try:
             if linked_elsewhere(full):
                 raise PermissionError("hard-linked")  # writing through would change the other names
-            payloads.write_over(sha, full, mode)
+            return payloads.write_over(sha, full, mode)
         except PermissionError:  # read-only or hard-linked: replace the name instead
             tmp = journal.temp_name(full)
             remove_file(tmp)
             payloads.copy_out(sha, tmp, mode)
             os.replace(tmp, full)
+            return os.lstat(full)  # the rename moved the ctime
 
     @staticmethod
-    def _rows_after_restore(ws, snap, target, plan):
+    def _rows_after_restore(snap, target, plan, stats):
+        """Index rows after a restore: the written files' stat as they were
+        closed (no second stat of each)."""
         rows = dict(snap.rows)
         for rel in plan["to_delete"]:
             rows.pop(rel, None)
         for rel in plan["to_write"] + plan["to_replace"]:
-            st = os.lstat(os.path.join(ws.root, *rel.split("/")))
+            st = stats[rel]
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             rows[rel] = index_row(info, KIND_FILE, target[rel][1])
