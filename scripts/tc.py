@@ -904,14 +904,23 @@ def _open_no_follow(path, flags):
 
 
 def open_over(dest, mode):
-    """(file, its stat before) of dest opened for writing over in place.
+    """(file, its stat before writing) of dest opened for writing over in place.
 
     A missing dest is created with the permission bits mode (less any the
-    umask removes), never wider. The caller ends with end_over().
+    umask removes); an existing one loses any bit mode lacks before it is
+    written. Never wider than mode while the new bytes go in. The caller
+    ends with end_over().
     """
     fh = os.fdopen(os.open(dest, WRITE_OVER_FLAGS, mode & 0o777), "wb")
     try:
-        return fh, os.fstat(fh.fileno())
+        before = os.fstat(fh.fileno())
+        wider = stat_mod.S_IMODE(before.st_mode) & ~mode & 0o7777
+        if wider and hasattr(os, "fchmod"):
+            # An existing file more open than the content going in (a 0600
+            # secret over a 0644 file): narrowed before a byte is written.
+            os.fchmod(fh.fileno(), stat_mod.S_IMODE(before.st_mode) & ~wider)
+            before = os.fstat(fh.fileno())
+        return fh, before
     except BaseException:
         fh.close()
         raise
@@ -936,26 +945,60 @@ _LIBC = []
 
 
 def sync_filesystem(directory):
-    """Flush the file system holding directory in one call (Linux syncfs,
-    else a global sync); False where neither exists."""
-    if sys.platform.startswith("linux"):
+    """Flush the file system holding directory in one call: True once that
+    is done. Only Linux syncfs on a local file system counts (FUSE and
+    network file systems do not flush their servers on syncfs); False when
+    it is not available or reports an error, and the caller then fsyncs
+    file by file, which reports every error."""
+    if not sys.platform.startswith("linux") or not syncfs_trusted(directory):
+        return False
+    try:
+        if not _LIBC:
+            import ctypes
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        libc = _LIBC[0]
+        fd = os.open(directory, os.O_RDONLY)
         try:
-            if not _LIBC:
-                import ctypes
-                _LIBC.append(ctypes.CDLL(None, use_errno=True))
-            libc = _LIBC[0]
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                if libc.syncfs(fd) == 0:
-                    return True
-            finally:
-                os.close(fd)
-        except (OSError, AttributeError):
-            pass
-    if hasattr(os, "sync"):
-        os.sync()
-        return True
-    return False
+            return libc.syncfs(fd) == 0
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+# File systems whose syncfs writes everything back, journal and cache flush included.
+SYNCFS_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
+_SYNCFS_TRUST = {}
+
+
+def syncfs_trusted(directory):
+    """True when directory lies on a local file system named in
+    SYNCFS_FILE_SYSTEMS (read from /proc/self/mounts; remembered per
+    directory)."""
+    hit = _SYNCFS_TRUST.get(directory)
+    if hit is None:
+        hit = _SYNCFS_TRUST[directory] = file_system_type(directory) in SYNCFS_FILE_SYSTEMS
+    return hit
+
+
+def file_system_type(directory):
+    """The type of the mount that holds directory, or None."""
+    try:
+        path = os.path.realpath(directory)
+        with open("/proc/self/mounts", "rb") as fh:
+            mounts = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    best, kind = "", None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
 
 
 def unwritten_bytes():
@@ -989,6 +1032,7 @@ class PayloadStore:
         self._listings = {}  # prefix -> (mtime_ns, names), see missing()
         self.suspect = False  # a short payload could not be removed: verify at next lock
         self.pending_bytes = 0  # bytes of the pending payloads
+        self._count_lock = threading.Lock()
 
     def path(self, sha):
         return os.path.join(self.directory, sha[:2], sha)
@@ -1121,7 +1165,7 @@ class PayloadStore:
                 self.suspect = True  # the store keeps its "writing" marker for the next check
             raise
         self.pending.append(target)
-        self.pending_bytes += len(data)
+        self._count(len(data))
         return target
 
     def verify_since(self, since_ns):
@@ -1173,7 +1217,7 @@ class PayloadStore:
                 written = self.path(sha)
                 os.replace(tmp, written)
                 self.pending.append(written)
-                self.pending_bytes += total
+                self._count(total)
         except BaseException:
             remove_file(tmp)
             raise
@@ -1194,16 +1238,31 @@ class PayloadStore:
         many files, or a batch worth it while little else waits to be written
         (an fsync each costs a disk flush; syncfs costs one for all)."""
         pending, self.pending = self.pending, []
-        written, self.pending_bytes = self.pending_bytes, 0
+        with self._count_lock:
+            written, self.pending_bytes = self.pending_bytes, 0
         paths = pending + sorted({os.path.dirname(p) for p in pending}) + later
-        if len(pending) > 64 and sync_filesystem(self.directory):
-            return
-        if len(paths) >= 8:
+        if len(paths) >= 8 and self._one_device(later):
+            if len(pending) > 64 and sync_filesystem(self.directory):
+                return
             unwritten = unwritten_bytes()
             if (unwritten is not None and unwritten - written <= SYNCFS_OTHER_DIRTY_LIMIT
                     and sync_filesystem(self.directory)):
                 return
         fsync_paths(paths)
+
+    def _one_device(self, later):
+        """True when the records in later live on the payloads' file system
+        (a syncfs of one covers the other)."""
+        try:
+            device = os.stat(self.directory).st_dev
+            return all(os.stat(folder).st_dev == device
+                       for folder in {os.path.dirname(p) for p in later})
+        except OSError:
+            return False
+
+    def _count(self, size):
+        with self._count_lock:
+            self.pending_bytes += size
 
     def copy_out(self, sha, dest, mode):
         """Write the payload to dest (a new file), verifying its hash."""
@@ -1292,7 +1351,7 @@ class PayloadStore:
                                       "(tampered or damaged)" % src)
             if store_path:
                 self.pending.append(store_path)
-                self.pending_bytes += after.st_size
+                self._count(after.st_size)
                 store_path = None
         finally:
             if store_path:
@@ -2294,8 +2353,8 @@ class GitRefWriter:
 
     Contract:
     - Plumbing only: one rev-parse (git dir, common dir, work tree top),
-      hash-object (only for content git does not have yet; one process per
-      work thread from SPLIT_HASHING files on), hash-object -t tree (only
+      hash-object (only for content git does not have yet; GIT_HASH_PROCESSES
+      side by side from SPLIT_HASHING files on), hash-object -t tree (only
       for trees git does not have yet), commit-tree, update-ref: at most
       five processes for a save in a repository whose refs are files (one
       more rev-parse when update-ref fails, to tell an existing ref from
