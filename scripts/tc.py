@@ -572,16 +572,26 @@ def normalize_rel(rel):
     return "/".join(parts)
 
 
-def safe_workspace_path(root, rel):
-    """The absolute path of rel under root, refusing escapes and symlinked parents."""
+def safe_workspace_path(root, rel, checked=None):
+    """The absolute path of rel under root, refusing escapes and symlinked parents.
+
+    checked: a set shared by the calls of one operation, holding the folders
+    already found not to be links, so each folder is looked at once rather
+    than once per file under it (the file itself always is)."""
     rel = normalize_rel(rel)
-    current = root
     parts = rel.split("/")
-    for part in parts[:-1]:
-        current = os.path.join(current, part)
-        if os.path.islink(current):
-            raise UnsafePath("path %r goes through the symlink %r" % (rel, current))
-    full = os.path.join(current, parts[-1])
+    parent = os.path.join(root, *parts[:-1])
+    if checked is None or parent not in checked:
+        current = root
+        for part in parts[:-1]:
+            current = os.path.join(current, part)
+            if checked is not None and current in checked:
+                continue
+            if os.path.islink(current):
+                raise UnsafePath("path %r goes through the symlink %r" % (rel, current))
+            if checked is not None:
+                checked.add(current)
+    full = os.path.join(parent, parts[-1])
     if os.path.islink(full):
         raise UnsafePath("path %r is a symlink" % rel)
     return full
@@ -2965,14 +2975,20 @@ def copy_tree_file(payloads, sha, dest, mode, made=None):
     payloads.copy_out(sha, dest, mode)
 
 
-def check_package_entry(base, rel):
-    """The path of rel inside a package directory, refusing escapes and links."""
+def check_package_entry(base, rel, checked=None):
+    """The path of rel inside a package directory, refusing escapes and links.
+
+    checked: folders of this package already found not to be links."""
     rel = normalize_rel(rel)
     current = base
     for part in rel.split("/"):
         current = os.path.join(current, part)
+        if checked is not None and current in checked:
+            continue
         if os.path.islink(current):
             raise UnsafePath("the package entry %r is or goes through a symlink" % rel)
+        if checked is not None and current != os.path.join(base, rel):
+            checked.add(current)
     if not os.path.isfile(current):
         raise InvalidArgument("the package lacks the file %r it lists" % rel)
     return current
@@ -3046,7 +3062,7 @@ def _check_description(package, desc):
         _check_step(desc["step"], "the package's current step")
     if not isinstance(desc["files"], list):
         raise InvalidArgument("the package's file list is malformed")
-    seen = set()
+    seen, checked = set(), set()
     for item in desc["files"]:
         rel = normalize_rel(item["path"])
         if rel in seen:
@@ -3056,7 +3072,7 @@ def _check_description(package, desc):
             raise InvalidArgument("the package entry %r is malformed" % rel)
         # Its bytes are checked against sha256 while they are copied in; a
         # mismatch fails the import, whose journal then undoes it.
-        check_package_entry(package, "files/" + rel)
+        check_package_entry(package, "files/" + rel, checked)
     for entry in desc.get("history") or []:
         _check_step(entry["step"], "a step in the package's history")
         for rel, value in entry["files"].items():
@@ -4176,10 +4192,10 @@ class Checkpoints:
             full = safe_workspace_path(ws.root, rel)
             remove_file(full)
             prune_empty_dirs(ws.root, os.path.dirname(full))
-        made = set()
+        made, checked = set(), set()
         writes = []
         for rel in plan["to_write"] + plan["to_replace"]:
-            full = safe_workspace_path(ws.root, rel)
+            full = safe_workspace_path(ws.root, rel, checked)
             ensure_dir(os.path.dirname(full), made)
             writes.append((rel, full))
         stats = in_parallel(lambda item: self._restore_file(payloads, journal, target, *item),
@@ -4446,9 +4462,10 @@ class Checkpoints:
         pre, _ = self._secure_undo(ws, pre, [f["path"] for f in desc["files"]])
         journal = Journal(ws.store, "import", ws.root)
         overwritten = []
+        checked = set()  # folders found not to be links, for every call of this import
         for item in desc["files"]:
             rel = item["path"]
-            full = safe_workspace_path(ws.root, rel)  # refused here, before anything is written
+            full = safe_workspace_path(ws.root, rel, checked)  # refused before anything is written
             have = pre.entries.get(rel)
             if have is None and os.path.lexists(full) and not os.path.isdir(full):
                 raise Conflict("%r is in the workspace but could not be read; nothing was "
@@ -4468,23 +4485,25 @@ class Checkpoints:
         journal.backup_store_file(ws.store.current_path)
         journal.begin(payloads_new=new_payloads + pre.created)
         try:
-            recovered = self._import_apply(ws, journal, package, desc, pre, overwritten)
+            recovered = self._import_apply(ws, journal, package, desc, pre, overwritten,
+                                           checked)
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
         return recovered
 
-    def _import_apply(self, ws, journal, package, desc, pre, overwritten):
+    def _import_apply(self, ws, journal, package, desc, pre, overwritten, checked):
         payloads = ws.store.payloads
         rows = dict(pre.rows)
         made = set()
         for item in desc["files"]:
-            ensure_dir(os.path.dirname(safe_workspace_path(ws.root, item["path"])), made)
+            ensure_dir(os.path.dirname(safe_workspace_path(ws.root, item["path"], checked)),
+                       made)
         made = None
 
         def place(item):
             rel = item["path"]
-            full = safe_workspace_path(ws.root, rel)
+            full = safe_workspace_path(ws.root, rel, checked)
             # Checked in load_package; opened without following a link.
             src = os.path.join(package, "files", *rel.split("/"))
             if os.path.isdir(full) and not os.path.islink(full):
