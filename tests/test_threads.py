@@ -46,15 +46,18 @@ class ThreadedPathsTest(WorkspaceTest):
         self.assertEqual(store_problems(self.store), [])
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
 
-    def test_export_and_import_with_threads(self):
-        rng = random.Random(8)
-        fill(self.root, rng, 70, "pkg")
+    def exported(self, seed, count):
+        """A saved workspace of count files, exported: the package path."""
+        fill(self.root, random.Random(seed), count, "pkg")
         srv = self.server()
-        srv.ok("tc_init", root=self.root, name="threads handoff")
+        srv.ok("tc_init", root=self.root, name="threads handoff %d" % seed)
         srv.ok("tc_save", root=self.root, title="ready")
         out = os.path.join(self.tmp, "out")
         os.makedirs(out)
-        package = srv.ok("tc_export", root=self.root, to=out)["path"]
+        return srv.ok("tc_export", root=self.root, to=out)["path"]
+
+    def test_export_and_import_with_threads(self):
+        package = self.exported(8, 70)
         target = os.path.join(self.tmp, "target")
         os.makedirs(target)
         other = self.server()
@@ -66,14 +69,7 @@ class ThreadedPathsTest(WorkspaceTest):
         self.assertEqual(resumed["drift_paths"], [])
 
     def test_a_file_that_fails_midway_undoes_the_whole_import(self):
-        rng = random.Random(9)
-        fill(self.root, rng, 60, "pkg")
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="threads tamper")
-        srv.ok("tc_save", root=self.root, title="ready")
-        out = os.path.join(self.tmp, "out")
-        os.makedirs(out)
-        package = srv.ok("tc_export", root=self.root, to=out)["path"]
+        package = self.exported(9, 60)
         with open(os.path.join(package, "files", "d3", "sub1", "f043.txt"), "r+b") as fh:
             fh.write(b"TAMPERED")
         target = os.path.join(self.tmp, "target")
