@@ -142,6 +142,7 @@ class Config:
     store: typing.Optional[str] = None
     watch: bool = True
     watch_interval: float = 15.0
+    watch_events: bool = True
     drift_max_wait: float = 60.0
     git: bool = True
     git_verify: bool = True
@@ -156,6 +157,7 @@ class Config:
             store=store,
             watch=parse_bool(env.get("TC_WATCH"), True),
             watch_interval=parse_seconds(env.get("TC_WATCH_INTERVAL"), 15.0),
+            watch_events=parse_bool(env.get("TC_WATCH_EVENTS"), True),
             drift_max_wait=parse_seconds(env.get("TC_DRIFT_MAX_WAIT"), 60.0),
             git=parse_bool(env.get("TC_GIT"), True),
             git_verify=parse_bool(env.get("TC_GIT_VERIFY"), True),
@@ -806,12 +808,13 @@ class ScanResult(typing.NamedTuple):
     started_ns: int
 
 
-def scan_tree(root, policy):
+def scan_tree(root, policy, dirs=None):
     """Walk root without following symlinks; stat only, never read content.
 
     The hot loop of every save, capture and watcher tick: name decisions come
     from the policy's per-name caches, and nothing but one stat per file is
-    asked of the file system.
+    asked of the file system. A list passed as dirs receives every directory
+    walked, relative to root ("" for root itself).
     """
     started = time.time_ns()
     files, skipped = {}, []
@@ -828,6 +831,8 @@ def scan_tree(root, policy):
             skipped.append({"path": prefix.rstrip("/") or ".", "reason": "unreadable "
                             "directory: %s" % (exc.strerror or exc.__class__.__name__)})
             continue
+        if dirs is not None:
+            dirs.append(prefix[:-1])
         with it:
             for entry in it:
                 name = entry.name
@@ -954,6 +959,14 @@ def end_over(fh, path, before, mode):
 _LIBC = []
 
 
+def c_library():
+    """The C library of this process, through ctypes (loaded once)."""
+    if not _LIBC:
+        import ctypes
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
 def sync_filesystem(directory):
     """Flush the file system holding directory in one call: True once that
     is done. Only Linux syncfs on a local file system counts (FUSE and
@@ -963,10 +976,7 @@ def sync_filesystem(directory):
     if not sys.platform.startswith("linux") or not syncfs_trusted(directory):
         return False
     try:
-        if not _LIBC:
-            import ctypes
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        libc = _LIBC[0]
+        libc = c_library()
         fd = os.open(directory, os.O_RDONLY)
         try:
             return libc.syncfs(fd) == 0
@@ -2089,15 +2099,230 @@ class FailureThrottle:
             self.log("watcher: %s recovered" % key)
 
 
-class Watcher:
-    """Background thread: every interval, check each watched root once."""
+# Linux inotify (<sys/inotify.h>).
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
+IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
+IN_ONLYDIR, IN_DONT_FOLLOW, IN_EXCL_UNLINK = 0x01000000, 0x02000000, 0x04000000
+WATCH_ADD_FLAGS = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO
+                   | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
+                   | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+_EVENT_HEADER = struct.Struct("iIII")
+# Local file systems whose changes inotify reports; any other root is polled.
+EVENT_FILE_SYSTEMS = SYNCFS_FILE_SYSTEMS | {"overlay", "zfs"}
+# A root whose directories reported nothing is still walked this often, for
+# the changes the kernel does not report (a write through a hard link from
+# outside the root, memory-mapped writes, another machine on a shared mount).
+WATCH_FULL_SCAN_SECONDS = 30.0
+# A root with more directories than this is polled rather than watched:
+# watches come out of a per-user kernel budget that editors share.
+WATCH_DIRS_LIMIT = 8192
 
-    def __init__(self, checkpoints, *, interval, max_wait, log):
+
+class _RootWatch:
+    __slots__ = ("dirs", "ignored", "dirty", "scanned_at", "polling")
+
+    def __init__(self, polling):
+        self.dirs = {}          # rel -> watch descriptor
+        self.ignored = None     # (rel, name) -> True when a change there does not count
+        self.dirty = True       # walk at the next tick
+        self.scanned_at = None
+        self.polling = polling  # walked every tick, no watches
+
+
+class DirectoryEvents:
+    """Which watched roots reported a change since their last walk (inotify).
+
+    Only a hint that lets an idle tick skip its walk: a root is walked when
+    a directory of it reported something, while a change the watcher is
+    waiting on settles, after a new directory gets its watch (for what
+    happened before it), and every full_scan seconds regardless. Anything
+    unexpected (no watch left, an error) puts the root on plain polling.
+    """
+
+    def __init__(self, fd, add, remove, *, full_scan=WATCH_FULL_SCAN_SECONDS, log=None):
+        self.fd = fd
+        self._add = add
+        self._remove = remove
+        self.full_scan = full_scan
+        self.log = log or (lambda message: None)
+        self.roots = {}   # root -> _RootWatch
+        self.by_wd = {}   # watch descriptor -> {(root, rel)}
+
+    @classmethod
+    def open(cls, **kwargs):
+        """An instance, or None where inotify is not available."""
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            import ctypes
+            libc = c_library()
+            init, add, remove = libc.inotify_init1, libc.inotify_add_watch, libc.inotify_rm_watch
+            add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+            remove.argtypes = (ctypes.c_int, ctypes.c_int)
+            fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
+        except (ImportError, OSError, AttributeError):
+            return None
+        if fd < 0:
+            return None
+        return cls(fd, add, remove, **kwargs)
+
+    def close(self):
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+        self.roots.clear()
+        self.by_wd.clear()
+
+    def needs_walk(self, root, now):
+        """True when root has to be walked at this tick."""
+        self._drain()
+        watch = self.roots.get(root)
+        if watch is None or watch.polling or watch.dirty or self.fd is None:
+            return True
+        return now - watch.scanned_at >= self.full_scan
+
+    def walking(self, root, now):
+        """root is about to be walked: what is reported from here on counts for
+        the next tick."""
+        self._drain()
+        watch = self.roots.get(root)
+        if watch is None:
+            watch = self.roots[root] = _RootWatch(
+                file_system_type(root) not in EVENT_FILE_SYSTEMS)
+        watch.dirty = False
+        watch.scanned_at = now
+
+    def walked(self, root, dirs, ignored):
+        """After a walk of root that went through dirs: watch the new ones,
+        drop the gone ones."""
+        watch = self.roots.get(root)
+        if watch is None or watch.polling or self.fd is None:
+            return
+        watch.ignored = ignored
+        if "" not in dirs:  # the root itself was not walked (task closed, unreadable)
+            watch.dirty = True
+        if len(dirs) > WATCH_DIRS_LIMIT:
+            self._poll(root, "it has more than %d directories" % WATCH_DIRS_LIMIT)
+            return
+        wanted = set(dirs)
+        for rel in [rel for rel in watch.dirs if rel not in wanted]:
+            self._unwatch(root, watch, rel)
+        for rel in dirs:
+            if rel in watch.dirs:
+                continue
+            wd = self._add(self.fd, os.fsencode(os.path.join(root, rel) if rel else root),
+                           WATCH_ADD_FLAGS)
+            if wd < 0:
+                import ctypes
+                code = ctypes.get_errno()
+                if code in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
+                    watch.dirty = True  # gone or changed since the walk: walk again
+                    continue
+                self._poll(root, os.strerror(code))
+                return
+            watch.dirs[rel] = wd
+            self.by_wd.setdefault(wd, set()).add((root, rel))
+            watch.dirty = True  # what changed in it before the watch existed
+
+    def mark(self, root):
+        """Walk root at the next tick (its last walk failed)."""
+        watch = self.roots.get(root)
+        if watch is not None:
+            watch.dirty = True
+
+    def keep_only(self, roots):
+        for root in [root for root in self.roots if root not in roots]:
+            watch = self.roots.pop(root)
+            for rel in list(watch.dirs):
+                self._unwatch(root, watch, rel)
+
+    def _poll(self, root, reason):
+        watch = self.roots[root]
+        for rel in list(watch.dirs):
+            self._unwatch(root, watch, rel)
+        watch.polling = watch.dirty = True
+        self.log("watcher: polling %s (no change events: %s)" % (root, reason))
+
+    def _unwatch(self, root, watch, rel):
+        wd = watch.dirs.pop(rel)
+        users = self.by_wd.get(wd)
+        if users is not None:
+            users.discard((root, rel))
+            if not users:
+                del self.by_wd[wd]
+                if self.fd is not None:
+                    self._remove(self.fd, wd)
+
+    def _drain(self):
+        while self.fd is not None:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # the descriptor is unusable: poll from now on
+                for root in list(self.roots):
+                    if not self.roots[root].polling:
+                        self._poll(root, describe_os_error(exc))
+                fd, self.fd = self.fd, None
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                return
+            if not data:
+                return
+            offset = 0
+            while offset + _EVENT_HEADER.size <= len(data):
+                wd, mask, _cookie, length = _EVENT_HEADER.unpack_from(data, offset)
+                offset += _EVENT_HEADER.size
+                name = data[offset:offset + length].rstrip(b"\0")
+                offset += length
+                self._event(wd, mask, name)
+
+    def _event(self, wd, mask, name):
+        if mask & IN_Q_OVERFLOW or wd < 0:  # events were lost: walk everything
+            for watch in self.roots.values():
+                watch.dirty = True
+            return
+        users = self.by_wd.get(wd)
+        if not users:
+            return
+        if mask & IN_IGNORED:  # the directory is gone (or its watch removed)
+            del self.by_wd[wd]
+            for root, rel in users:
+                watch = self.roots.get(root)
+                if watch is not None:
+                    if watch.dirs.get(rel) == wd:
+                        del watch.dirs[rel]
+                    watch.dirty = True
+            return
+        text = os.fsdecode(name)
+        for root, rel in users:
+            watch = self.roots.get(root)
+            if watch is None or watch.dirty:
+                continue
+            if text and watch.ignored is not None and watch.ignored(
+                    rel + "/" + text if rel else text, text):
+                continue
+            watch.dirty = True
+
+
+class Watcher:
+    """Background thread: every interval, check each watched root once.
+
+    Where the kernel reports directory changes (DirectoryEvents), a root
+    that reported none since its last check is not walked again."""
+
+    def __init__(self, checkpoints, *, interval, max_wait, log, events=True,
+                 full_scan=WATCH_FULL_SCAN_SECONDS):
         self.checkpoints = checkpoints
         self.interval = interval
         self.max_wait = max_wait
         self.throttle = FailureThrottle(log)
         self.pending = {}
+        self.events = DirectoryEvents.open(full_scan=full_scan, log=log) if events else None
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="tc-watcher", daemon=True)
 
@@ -2108,10 +2333,15 @@ class Watcher:
         self.stop_event.set()
         if self.thread.is_alive():
             self.thread.join(timeout)
+        if self.events is not None and not self.thread.is_alive():
+            self.events.close()
 
     def _run(self):
         while not self.stop_event.wait(self.interval):
-            for root in self.checkpoints.watched_roots():
+            roots = self.checkpoints.watched_roots()
+            if self.events is not None:
+                self.events.keep_only(roots)
+            for root in roots:
                 if self.stop_event.is_set():
                     return
                 self.tick(root)
@@ -2121,8 +2351,17 @@ class Watcher:
         next tick retries it and a lasting fault counts as one run of failures."""
         now = time.monotonic() if now is None else now
         previous = self.pending.get(root)
+        events = self.events
         try:
-            signature = self.checkpoints.unrecorded_signature(root)
+            walked = None
+            if events is not None:
+                if previous is None and not events.needs_walk(root, now):
+                    return "idle"
+                events.walking(root, now)
+                walked = {}
+            signature = self.checkpoints.unrecorded_signature(root, walked)
+            if walked is not None:
+                events.walked(root, walked.get("dirs", ()), walked.get("ignored"))
             action, pending = watch_decision(previous, now, signature, self.max_wait)
             if action in ("capture", "partial"):
                 self.pending[root] = (previous[0], signature)
@@ -2132,6 +2371,8 @@ class Watcher:
                 self.throttle.succeeded(root)
             return action
         except Exception as exc:  # a tick must never kill the thread
+            if events is not None:
+                events.mark(root)
             self.throttle.failed(root, "%s: %s" % (exc.__class__.__name__, exc))
             return "error"
 
@@ -3378,7 +3619,8 @@ class Checkpoints:
                     self._watch(root, store)
         if self.config.watch and self.watcher is None:
             self.watcher = Watcher(self, interval=self.config.watch_interval,
-                                   max_wait=self.config.drift_max_wait, log=self.log)
+                                   max_wait=self.config.drift_max_wait, log=self.log,
+                                   events=self.config.watch_events)
             self.watcher.start()
         return self.watcher
 
@@ -4032,8 +4274,13 @@ class Checkpoints:
     # -- tc_capture ---------------------------------------------------------
 
     @gc_paused
-    def unrecorded_signature(self, root):
-        """Stat-only description of unrecorded changes (empty when there are none)."""
+    def unrecorded_signature(self, root, walked=None):
+        """Stat-only description of unrecorded changes (empty when there are none).
+
+        A dict passed as walked receives "dirs", the directories the walk
+        went through, and "ignored", a test (rel, name) -> True for paths
+        whose changes are none of this workspace's (excluded names, the store).
+        """
         with self._guard:
             store_dir = self._watched.get(root)
         ws = self._workspace(root)
@@ -4042,7 +4289,13 @@ class Checkpoints:
         if ws.state["status"] != "open":
             return ()
         rows = ws.records.read_index()["files"]
-        scan = scan_tree(ws.root, self._policy(ws))
+        policy = self._policy(ws)
+        dirs = None
+        if walked is not None:
+            dirs = walked["dirs"] = []
+            excluded, store_rel = policy.excluded_name, policy.store_rel
+            walked["ignored"] = lambda rel, name: excluded(name) or rel == store_rel
+        scan = scan_tree(ws.root, policy, dirs)
         files = scan.files
         changed = [(rel,) + info[:5] for rel, info in files.items()
                    if (row := rows.get(rel)) is None or row[1] != info[1] or row[2] != info[2]

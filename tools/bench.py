@@ -29,7 +29,9 @@ change and restore preview 3x walk + 1.5x hash changed; restore apply 3x walk
 in a git repository the same save without git (the medium run) + 1.5x git's
 snapshot; an idle watcher tick 2x walk. Also reported: the server's peak
 memory (VmHWM, target under 64 MB), the store's size over the workspace's,
-and the CPU an idle watcher burns with TC_WATCH_INTERVAL=1.
+and the CPU an idle watcher burns with TC_WATCH_INTERVAL=1, with change
+events (the default on Linux) and polling (TC_WATCH_EVENTS=off, as on other
+platforms).
 
 Workspaces: small (~300 files, 3 MB of source-like text in nested
 directories), medium (~1,500 files, 80 MB of text and incompressible binary
@@ -852,9 +854,14 @@ class Run:
 
     # -- idle watcher -------------------------------------------------------------
 
-    def idle_watcher(self, seconds):
+    def idle_watcher(self, seconds, events=True):
+        """CPU per tick of a watcher with nothing to record: with change events
+        (the default where the platform has them) and with plain polling
+        (TC_WATCH_EVENTS=off, what every other platform gets)."""
         before_children = children_cpu()
-        srv = self.start_server({"TC_WATCH": "on", "TC_WATCH_INTERVAL": "1"}, "idle")
+        srv = self.start_server({"TC_WATCH": "on", "TC_WATCH_INTERVAL": "1",
+                                 "TC_WATCH_EVENTS": "on" if events else "off"},
+                                "idle" if events else "idle-polling")
         try:
             srv.tool("tc_capture", root=self.ws.root)  # registers the root with the watcher
             time.sleep(0.3)
@@ -878,11 +885,12 @@ class Run:
             cpu = cpu1 - cpu0
         ticks = max(1.0, (window - cpu) / 1.0)
         per_tick = cpu / ticks * 1000.0
-        self.raw["idle"] = {"window_s": window, "cpu_s": cpu, "ticks": ticks,
-                            "per_tick_ms": per_tick, "approximate": approximate}
-        self.row("idle watcher: %.1f s CPU in %.0f s (per tick)%s"
-                 % (cpu, window, " ~" if approximate else ""), per_tick, "stat walk",
-                 self.walk, 2 * self.walk, TARGET_IDLE)
+        self.raw["idle" if events else "idle polling"] = {
+            "window_s": window, "cpu_s": cpu, "ticks": ticks, "per_tick_ms": per_tick,
+            "approximate": approximate}
+        self.row("idle watcher tick%s: %.2f s CPU in %.0f s%s"
+                 % ("" if events else ", polling", cpu, window, " ~" if approximate else ""),
+                 per_tick, "stat walk", self.walk, 2 * self.walk, TARGET_IDLE)
 
 
 def file_sha(path):
@@ -1058,7 +1066,11 @@ class Bench:
                 run.idle_watcher(idle)
                 run.raw["phases"]["idle watcher"] = time.monotonic() - start
                 cleaner.join()
-                self.say("  %-7s idle watcher measured over %.0f s" % (idle_on, idle))
+                start = time.monotonic()
+                run.idle_watcher(idle / 2, events=False)
+                run.raw["phases"]["idle watcher, polling"] = time.monotonic() - start
+                self.say("  %-7s idle watcher measured over %.0f s (polling: %.0f s)"
+                         % (idle_on, idle, idle / 2))
         finally:
             self.empty_trash()
             if not self.keep:
@@ -1076,7 +1088,8 @@ class Bench:
                  "every timed floor and tool call." % (self.repeats, max(7, self.repeats)))
         self.say("Tool calls: client-side time of one tools/call round trip, median of %d "
                  "where repeated (no-change saves and clean resumes: %d). Idle watcher: the "
-                 "server's own CPU time (/proc) per tick with TC_WATCH_INTERVAL=1."
+                 "server's own CPU time (/proc) per tick with TC_WATCH_INTERVAL=1, with "
+                 "change events and polling (TC_WATCH_EVENTS=off)."
                  % (self.repeats, max(5, self.repeats)))
         self.say("ratio = ms / floor ms; target = the issue's budget / floor ms "
                  "(budgets: %s)." % "; ".join(sorted({r["target"] for r in rows
