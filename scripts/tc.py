@@ -2115,9 +2115,20 @@ EVENT_FILE_SYSTEMS = SYNCFS_FILE_SYSTEMS | {"overlay", "zfs"}
 # the changes the kernel does not report (a write through a hard link from
 # outside the root, memory-mapped writes, another machine on a shared mount).
 WATCH_FULL_SCAN_SECONDS = 30.0
-# A root with more directories than this is polled rather than watched:
-# watches come out of a per-user kernel budget that editors share.
+# A root with more directories than this, or than an eighth of the user's
+# kernel budget of watches (which editors and other tools share), is polled
+# rather than watched.
 WATCH_DIRS_LIMIT = 8192
+WATCH_BUDGET_SHARE = 8
+
+
+def watch_dirs_limit():
+    try:
+        with open("/proc/sys/fs/inotify/max_user_watches", "rb") as fh:
+            budget = int(fh.read().strip())
+    except (OSError, ValueError):
+        budget = 8192  # the kernel's old default
+    return max(0, min(WATCH_DIRS_LIMIT, budget // WATCH_BUDGET_SHARE))
 
 
 class _RootWatch:
@@ -2149,6 +2160,7 @@ class DirectoryEvents:
         self.log = log or (lambda message: None)
         self.roots = {}   # root -> _RootWatch
         self.by_wd = {}   # watch descriptor -> {(root, rel)}
+        self.dirs_limit = watch_dirs_limit()
 
     @classmethod
     def open(cls, **kwargs):
@@ -2203,8 +2215,8 @@ class DirectoryEvents:
         watch.ignored = ignored
         if "" not in dirs:  # the root itself was not walked (task closed, unreadable)
             watch.dirty = True
-        if len(dirs) > WATCH_DIRS_LIMIT:
-            self._poll(root, "it has more than %d directories" % WATCH_DIRS_LIMIT)
+        if len(dirs) > self.dirs_limit:
+            self._poll(root, "it has more than %d directories" % self.dirs_limit)
             return
         wanted = set(dirs)
         for rel in [rel for rel in watch.dirs if rel not in wanted]:

@@ -171,15 +171,18 @@ class TickWithEvents(WorkspaceTest):
         self.assertTrue(self.needs_walk(), "a failed walk was not retried")
         self.assertEqual(self.settle(), ["wait", "capture"])
 
+    def test_watches_take_a_share_of_the_user_budget(self):
+        limit = tc.watch_dirs_limit()
+        self.assertLessEqual(limit, tc.WATCH_DIRS_LIMIT)
+        with open("/proc/sys/fs/inotify/max_user_watches") as fh:
+            budget = int(fh.read())
+        self.assertLessEqual(limit, budget // tc.WATCH_BUDGET_SHARE)
+
     def test_too_many_directories_fall_back_to_polling(self):
-        limit = tc.WATCH_DIRS_LIMIT
-        tc.WATCH_DIRS_LIMIT = 3
-        try:
-            for name in "cdef":
-                os.makedirs(os.path.join(self.root, name))
-            self.assertEqual(self.tick(), "idle")
-        finally:
-            tc.WATCH_DIRS_LIMIT = limit
+        self.watcher.events.dirs_limit = 3
+        for name in "cdef":
+            os.makedirs(os.path.join(self.root, name))
+        self.assertEqual(self.tick(), "idle")
         watch = self.watcher.events.roots[self.root]
         self.assertTrue(watch.polling)
         self.assertEqual(watch.dirs, {}, "a polled root kept its kernel watches")
