@@ -813,8 +813,8 @@ def scan_tree(root, policy, dirs=None):
 
     The hot loop of every save, capture and watcher tick: name decisions come
     from the policy's per-name caches, and nothing but one stat per file is
-    asked of the file system. A list passed as dirs receives every directory
-    walked, relative to root ("" for root itself).
+    asked of the file system. A list passed as dirs receives (rel, inode)
+    of every directory walked, rel relative to root ("" for root itself).
     """
     started = time.time_ns()
     files, skipped = {}, []
@@ -822,9 +822,9 @@ def scan_tree(root, policy, dirs=None):
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
-    stack = [("", False)]
+    stack = [("", False, None)]
     while stack:
-        prefix, in_sensitive = stack.pop()
+        prefix, in_sensitive, inode = stack.pop()
         try:
             it = os.scandir(os.path.join(root, prefix) if prefix else root)
         except OSError as exc:
@@ -832,7 +832,12 @@ def scan_tree(root, policy, dirs=None):
                             "directory: %s" % (exc.strerror or exc.__class__.__name__)})
             continue
         if dirs is not None:
-            dirs.append(prefix[:-1])
+            if inode is None:
+                try:
+                    inode = os.stat(root).st_ino
+                except OSError:
+                    inode = 0
+            dirs.append((prefix[:-1], inode))
         with it:
             for entry in it:
                 name = entry.name
@@ -846,7 +851,8 @@ def scan_tree(root, policy, dirs=None):
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         if rel != store_rel:
-                            stack.append((rel + "/", in_sensitive or sensitive_dir(name)))
+                            stack.append((rel + "/", in_sensitive or sensitive_dir(name),
+                                          entry.inode()))
                         continue
                     st = entry.stat(follow_symlinks=False)
                 except OSError as exc:
@@ -1001,24 +1007,39 @@ def syncfs_trusted(directory):
     return hit
 
 
-def file_system_type(directory):
-    """The type of the mount that holds directory, or None."""
+def mount_table():
+    """[(mount point, file system type)] from /proc/self/mounts; [] when unknown."""
     try:
-        path = os.path.realpath(directory)
         with open("/proc/self/mounts", "rb") as fh:
-            mounts = fh.read().decode("utf-8", "replace").splitlines()
+            lines = fh.read().decode("utf-8", "replace").splitlines()
     except OSError:
-        return None
-    best, kind = "", None
-    for line in mounts:
+        return []
+    out = []
+    for line in lines:
         fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        if len(fields) >= 3:
+            point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+            out.append((point, fields[2]))
+    return out
+
+
+def file_system_type(directory, mounts=None):
+    """The type of the mount that holds directory, or None."""
+    path = os.path.realpath(directory)
+    best, kind = "", None
+    for point, fs_type in mount_table() if mounts is None else mounts:
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
+            best, kind = point, fs_type
     return kind
+
+
+def file_system_types_under(directory):
+    """The types of the file system holding directory and of every mount inside it."""
+    mounts = mount_table()
+    path = os.path.realpath(directory).rstrip("/") + "/"
+    return ({file_system_type(directory, mounts)}
+            | {fs_type for point, fs_type in mounts if point.startswith(path)})
 
 
 def unwritten_bytes():
@@ -2132,24 +2153,36 @@ def watch_dirs_limit():
 
 
 class _RootWatch:
-    __slots__ = ("dirs", "ignored", "dirty", "scanned_at", "polling")
+    __slots__ = ("dirs", "ignored", "dirty", "scanned_at", "polling", "records", "records_seen")
 
     def __init__(self, polling):
-        self.dirs = {}          # rel -> watch descriptor
-        self.ignored = None     # (rel, name) -> True when a change there does not count
-        self.dirty = True       # walk at the next tick
+        self.dirs = {}           # rel -> (watch descriptor, inode of the directory watched)
+        self.ignored = None      # (rel, name) -> True when a change there does not count
+        self.dirty = True        # walk at the next tick
         self.scanned_at = None
-        self.polling = polling  # walked every tick, no watches
+        self.polling = polling   # walked every tick, no watches
+        self.records = ()        # store files that say what is recorded (task, state, index)
+        self.records_seen = None  # their stat before the last walk
+
+
+def _stat_key(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class DirectoryEvents:
     """Which watched roots reported a change since their last walk (inotify).
 
     Only a hint that lets an idle tick skip its walk: a root is walked when
-    a directory of it reported something, while a change the watcher is
-    waiting on settles, after a new directory gets its watch (for what
-    happened before it), and every full_scan seconds regardless. Anything
-    unexpected (no watch left, an error) puts the root on plain polling.
+    a directory of it reported something, when the store files that say
+    what is recorded for it changed (another task, a save, a restore, another
+    server), while a change the watcher is waiting on settles, after a new
+    directory gets its watch (for what happened before it), and every
+    full_scan seconds regardless. Anything unexpected (no watch left, an
+    error) puts the root on plain polling.
     """
 
     def __init__(self, fd, add, remove, *, full_scan=WATCH_FULL_SCAN_SECONDS, log=None):
@@ -2193,6 +2226,8 @@ class DirectoryEvents:
         watch = self.roots.get(root)
         if watch is None or watch.polling or watch.dirty or self.fd is None:
             return True
+        if [_stat_key(path) for path in watch.records] != watch.records_seen:
+            return True
         return now - watch.scanned_at >= self.full_scan
 
     def walking(self, root, now):
@@ -2202,26 +2237,33 @@ class DirectoryEvents:
         watch = self.roots.get(root)
         if watch is None:
             watch = self.roots[root] = _RootWatch(
-                file_system_type(root) not in EVENT_FILE_SYSTEMS)
+                not file_system_types_under(root) <= EVENT_FILE_SYSTEMS)
         watch.dirty = False
         watch.scanned_at = now
+        watch.records_seen = [_stat_key(path) for path in watch.records]
 
-    def walked(self, root, dirs, ignored):
-        """After a walk of root that went through dirs: watch the new ones,
-        drop the gone ones."""
+    def walked(self, root, dirs, ignored, records):
+        """After a walk of root that went through dirs [(rel, inode)]: watch the
+        new ones (and a directory that replaced a watched one), drop the gone
+        ones. records: the store files read for the walk."""
         watch = self.roots.get(root)
         if watch is None or watch.polling or self.fd is None:
             return
         watch.ignored = ignored
-        if "" not in dirs:  # the root itself was not walked (task closed, unreadable)
+        records = tuple(records)
+        if records != watch.records:  # another task: look again with its files
+            watch.records = records
+            watch.dirty = True
+        if not dirs or dirs[0][0] != "":  # the root was not walked (task closed, unreadable)
             watch.dirty = True
         if len(dirs) > self.dirs_limit:
             self._poll(root, "it has more than %d directories" % self.dirs_limit)
             return
-        wanted = set(dirs)
-        for rel in [rel for rel in watch.dirs if rel not in wanted]:
-            self._unwatch(root, watch, rel)
-        for rel in dirs:
+        wanted = dict(dirs)
+        for rel, (_wd, inode) in list(watch.dirs.items()):
+            if wanted.get(rel) != inode:
+                self._unwatch(root, watch, rel)
+        for rel, inode in dirs:
             if rel in watch.dirs:
                 continue
             wd = self._add(self.fd, os.fsencode(os.path.join(root, rel) if rel else root),
@@ -2234,7 +2276,7 @@ class DirectoryEvents:
                     continue
                 self._poll(root, os.strerror(code))
                 return
-            watch.dirs[rel] = wd
+            watch.dirs[rel] = (wd, inode)
             self.by_wd.setdefault(wd, set()).add((root, rel))
             watch.dirty = True  # what changed in it before the watch existed
 
@@ -2258,7 +2300,7 @@ class DirectoryEvents:
         self.log("watcher: polling %s (no change events: %s)" % (root, reason))
 
     def _unwatch(self, root, watch, rel):
-        wd = watch.dirs.pop(rel)
+        wd = watch.dirs.pop(rel)[0]
         users = self.by_wd.get(wd)
         if users is not None:
             users.discard((root, rel))
@@ -2306,7 +2348,7 @@ class DirectoryEvents:
             for root, rel in users:
                 watch = self.roots.get(root)
                 if watch is not None:
-                    if watch.dirs.get(rel) == wd:
+                    if watch.dirs.get(rel, (None,))[0] == wd:
                         del watch.dirs[rel]
                     watch.dirty = True
             return
@@ -2349,14 +2391,18 @@ class Watcher:
             self.events.close()
 
     def _run(self):
-        while not self.stop_event.wait(self.interval):
-            roots = self.checkpoints.watched_roots()
-            if self.events is not None:
-                self.events.keep_only(roots)
-            for root in roots:
-                if self.stop_event.is_set():
-                    return
-                self.tick(root)
+        try:
+            while not self.stop_event.wait(self.interval):
+                roots = self.checkpoints.watched_roots()
+                if self.events is not None:
+                    self.events.keep_only(roots)
+                for root in roots:
+                    if self.stop_event.is_set():
+                        return
+                    self.tick(root)
+        finally:
+            if self.events is not None and self.stop_event.is_set():
+                self.events.close()  # a stop() that gave up waiting leaves this to the thread
 
     def tick(self, root, now=None):
         """One check of root. A failed capture keeps the pending change, so the
@@ -2373,7 +2419,8 @@ class Watcher:
                 walked = {}
             signature = self.checkpoints.unrecorded_signature(root, walked)
             if walked is not None:
-                events.walked(root, walked.get("dirs", ()), walked.get("ignored"))
+                events.walked(root, walked.get("dirs", ()), walked.get("ignored"),
+                              walked.get("records", ()))
             action, pending = watch_decision(previous, now, signature, self.max_wait)
             if action in ("capture", "partial"):
                 self.pending[root] = (previous[0], signature)
@@ -4289,13 +4336,18 @@ class Checkpoints:
     def unrecorded_signature(self, root, walked=None):
         """Stat-only description of unrecorded changes (empty when there are none).
 
-        A dict passed as walked receives "dirs", the directories the walk
-        went through, and "ignored", a test (rel, name) -> True for paths
-        whose changes are none of this workspace's (excluded names, the store).
+        A dict passed as walked receives "records", the store files whose
+        change would change the answer (active task, state, index), "dirs",
+        the directories the walk went through (see scan_tree), and "ignored",
+        a test (rel, name) -> True for paths whose changes are none of this
+        workspace's (excluded names, the store).
         """
         with self._guard:
             store_dir = self._watched.get(root)
         ws = self._workspace(root)
+        if walked is not None:
+            walked["records"] = (ws.store.current_path, ws.records.state_path,
+                                 ws.records.index_path, ws.records.index_log_path)
         if store_dir and ws.store.directory != store_dir:
             return ()
         if ws.state["status"] != "open":

@@ -140,6 +140,7 @@ class TickWithEvents(WorkspaceTest):
     def test_store_writes_and_excluded_names_do_not_wake_the_watcher(self):
         self.cp.save(self.root, "a step", conclusion="c", next="n")
         self.cp.capture(self.root)
+        self.assertEqual(self.tick(), "idle")  # the index changed: one walk
         self.assertFalse(self.needs_walk(), "the store's own writes woke the watcher")
         os.makedirs(os.path.join(self.root, "node_modules", "pkg"))
         self.write("node_modules/pkg/index.js", "x\n")
@@ -148,6 +149,64 @@ class TickWithEvents(WorkspaceTest):
         self.write("a/b/file.txt", "two\n")
         self.assertTrue(self.needs_walk(), "an edit in a watched directory went unnoticed")
         self.assertEqual(self.settle(), ["wait", "capture"])
+
+    def test_a_directory_put_in_place_of_a_watched_one_is_watched(self):
+        os.rename(os.path.join(self.root, "a"), os.path.join(self.root, "a.old"))
+        self.write("a/b/file.txt", "a new directory under the old name\n")
+        self.assertEqual(self.settle(), ["wait", "capture"])
+        self.assertEqual(self.tick(), "idle")
+        self.write("a/b/file.txt", "edited in the new directory\n")
+        self.assertTrue(self.needs_walk(), "the new a/b is not watched")
+        self.assertEqual(self.settle(), ["wait", "capture"])
+
+    def test_a_directory_deleted_while_held_open_and_made_again_is_watched(self):
+        held = os.open(os.path.join(self.root, "a", "b"), os.O_RDONLY)
+        try:
+            os.remove(os.path.join(self.root, "a", "b", "file.txt"))
+            os.rmdir(os.path.join(self.root, "a", "b"))
+            self.write("a/b/file.txt", "made again\n")
+            self.assertEqual(self.settle(), ["wait", "capture"])
+            self.assertEqual(self.tick(), "idle")
+            self.write("a/b/file.txt", "edited again\n")
+            self.assertTrue(self.needs_walk(), "the re-made a/b is not watched")
+            self.assertEqual(self.settle(), ["wait", "capture"])
+        finally:
+            os.close(held)
+
+    def test_a_new_task_that_includes_more_is_walked_and_watched(self):
+        self.cp.init(self.root, "narrow", exclude=["gen"])
+        self.assertEqual(self.tick(), "idle")
+        self.assertEqual(self.tick(), "idle")
+        self.write("gen/out.txt", "generated\n")
+        self.assertFalse(self.needs_walk(), "a change under an excluded name woke the watcher")
+        self.cp.init(self.root, "wide")  # gen/ is part of this task's workspace
+        self.assertTrue(self.needs_walk(), "another task's start did not wake the watcher")
+        self.settle()
+        self.assertEqual(self.tick(), "idle")
+        self.write("gen/out.txt", "edited, now a workspace file\n")
+        self.assertTrue(self.needs_walk(), "gen/ is not watched for the new task")
+        self.assertEqual(self.settle(), ["wait", "capture"])
+
+    def test_switching_back_to_a_task_that_missed_an_edit_records_it(self):
+        first = self.cp.resume(self.root)["task_id"]
+        self.cp.init(self.root, "second")
+        self.settle()
+        self.write("top.txt", "changed under the second task\n")
+        self.assertEqual(self.settle(), ["wait", "capture"])
+        self.assertEqual(self.tick(), "idle")
+        self.cp.switch(self.root, first)
+        self.assertTrue(self.needs_walk(), "the switch did not wake the watcher")
+        self.assertEqual(self.settle(), ["wait", "capture"])
+        drift = self.cp.show(self.root, include_drift=True)["drifts"][-1]
+        self.assertEqual(set(drift_paths(drift, "modified")), {"top.txt"})
+
+    def test_stopping_the_watcher_closes_its_descriptor(self):
+        fd = self.watcher.events.fd
+        self.assertEqual(os.readlink("/proc/self/fd/%d" % fd), "anon_inode:inotify")
+        self.cp.stop_watcher()
+        self.assertIsNone(self.watcher.events.fd)
+        self.assertFalse(os.path.exists("/proc/self/fd/%d" % fd)
+                         and os.readlink("/proc/self/fd/%d" % fd) == "anon_inode:inotify")
 
     def test_lost_events_make_every_root_walk(self):
         self.watcher.events._event(-1, tc.IN_Q_OVERFLOW, b"")
