@@ -2183,6 +2183,9 @@ EVENT_FILE_SYSTEMS = SYNCFS_FILE_SYSTEMS | {"overlay", "zfs"}
 # the changes the kernel does not report (a write through a hard link from
 # outside the root, memory-mapped writes, another machine on a shared mount).
 WATCH_FULL_SCAN_SECONDS = 30.0
+# A root polled for a passing reason (too many directories, the kernel out
+# of watches) tries watching again after this long.
+WATCH_RETRY_SECONDS = 300.0
 # A root with more directories than this, or than an eighth of the user's
 # kernel budget of watches (which editors and other tools share), is polled
 # rather than watched.
@@ -2200,7 +2203,8 @@ def watch_dirs_limit():
 
 
 class _RootWatch:
-    __slots__ = ("dirs", "ignored", "dirty", "scanned_at", "polling", "records", "records_seen")
+    __slots__ = ("dirs", "ignored", "dirty", "scanned_at", "polling", "retry_at", "records",
+                 "records_seen", "inode")
 
     def __init__(self, polling):
         self.dirs = {}           # rel -> (watch descriptor, inode of the directory watched)
@@ -2208,8 +2212,10 @@ class _RootWatch:
         self.dirty = True        # walk at the next tick
         self.scanned_at = None
         self.polling = polling   # walked every tick, no watches
+        self.retry_at = None     # when polling for a passing reason, the time to watch again
         self.records = ()        # store files that say what is recorded (task, state, index)
         self.records_seen = None  # their stat before the last walk
+        self.inode = None        # the root directory's inode at the last walk
 
 
 def _stat_key(path):
@@ -2241,6 +2247,16 @@ class DirectoryEvents:
         self.roots = {}   # root -> _RootWatch
         self.by_wd = {}   # watch descriptor -> {(root, rel)}
         self.dirs_limit = watch_dirs_limit()
+        self.logged = set()  # (root, reason) already logged
+        self._mounts = None  # /proc/self/mounts, which reports a change of the mount table
+        try:
+            import select
+            fd = os.open("/proc/self/mounts", READ_FLAGS)
+            self._mounts = (fd, select.poll())
+            self._mounts[1].register(fd, select.POLLPRI | select.POLLERR)
+            self._mounts_changed()
+        except (ImportError, OSError, AttributeError):
+            self._close_mounts()
 
     @classmethod
     def open(cls, **kwargs):
@@ -2264,23 +2280,53 @@ class DirectoryEvents:
         fd, self.fd = self.fd, None
         if fd is not None:
             os.close(fd)
+        self._close_mounts()
         self.roots.clear()
         self.by_wd.clear()
 
+    def _close_mounts(self):
+        mounts, self._mounts = self._mounts, None
+        if mounts is not None:
+            os.close(mounts[0])
+
+    def _refresh(self):
+        """Take in what the kernel reported since the last call."""
+        self._drain()
+        if self._mounts_changed():
+            self.keep_only(())
+
+    def _mounts_changed(self):
+        """True when the mount table changed since the last call (a mount over
+        a watched folder hides it from its watch: every root starts over)."""
+        if self._mounts is None:
+            return False
+        fd, poller = self._mounts
+        if not poller.poll(0):
+            return False
+        os.lseek(fd, 0, os.SEEK_SET)
+        while os.read(fd, 65536):  # reading it to the end re-arms the report
+            pass
+        return True
+
     def needs_walk(self, root, now):
         """True when root has to be walked at this tick."""
-        self._drain()
+        self._refresh()
         watch = self.roots.get(root)
         if watch is None or watch.polling or watch.dirty or self.fd is None:
             return True
-        if [_stat_key(path) for path in watch.records] != watch.records_seen:
+        if now - watch.scanned_at >= self.full_scan:
             return True
-        return now - watch.scanned_at >= self.full_scan
+        try:
+            if os.stat(root).st_ino != watch.inode:  # the root, or a folder above it, replaced
+                return True
+        except OSError:
+            return True
+        return [_stat_key(path) for path in watch.records] != watch.records_seen
 
     def walking(self, root, now):
         """root is about to be walked: what is reported from here on counts for
         the next tick."""
-        self._drain()
+        self._refresh()
         watch = self.roots.get(root)
         if watch is None:
             watch = self.roots[root] = _RootWatch(
@@ -2294,8 +2340,12 @@ class DirectoryEvents:
         new ones (and a directory that replaced a watched one), drop the gone
         ones. records: the store files read for the walk."""
         watch = self.roots.get(root)
-        if watch is None or watch.polling or self.fd is None:
+        if watch is None or self.fd is None:
             return
+        if watch.polling:
+            if watch.retry_at is None or watch.scanned_at < watch.retry_at:
+                return
+            watch.polling, watch.retry_at = False, None  # the reason may have passed
         watch.ignored = ignored
         records = tuple(records)
         if records != watch.records:  # another task: look again with its files
@@ -2303,8 +2353,10 @@ class DirectoryEvents:
             watch.dirty = True
         if not dirs or dirs[0][0] != "":  # the root was not walked (task closed, unreadable)
             watch.dirty = True
+        else:
+            watch.inode = dirs[0][1]
         if len(dirs) > self.dirs_limit:
-            self._poll(root, "it has more than %d directories" % self.dirs_limit)
+            self._poll(root, "it has more than %d directories" % self.dirs_limit, retry=True)
             return
         wanted = dict(dirs)
         for rel, (_wd, inode) in list(watch.dirs.items()):
@@ -2321,7 +2373,7 @@ class DirectoryEvents:
                 if code in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
                     watch.dirty = True  # gone or changed since the walk: walk again
                     continue
-                self._poll(root, os.strerror(code))
+                self._poll(root, os.strerror(code), retry=code in (errno.ENOSPC, errno.ENOMEM))
                 return
             watch.dirs[rel] = (wd, inode)
             self.by_wd.setdefault(wd, set()).add((root, rel))
@@ -2339,12 +2391,16 @@ class DirectoryEvents:
             for rel in list(watch.dirs):
                 self._unwatch(root, watch, rel)
 
-    def _poll(self, root, reason):
+    def _poll(self, root, reason, retry=False):
         watch = self.roots[root]
         for rel in list(watch.dirs):
             self._unwatch(root, watch, rel)
         watch.polling = watch.dirty = True
-        self.log("watcher: polling %s (no change events: %s)" % (root, reason))
+        if retry and watch.scanned_at is not None:
+            watch.retry_at = watch.scanned_at + WATCH_RETRY_SECONDS
+        if (root, reason) not in self.logged:
+            self.logged.add((root, reason))
+            self.log("watcher: polling %s (no change events: %s)" % (root, reason))
 
     def _unwatch(self, root, watch, rel):
         wd = watch.dirs.pop(rel)[0]

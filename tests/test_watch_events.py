@@ -7,7 +7,10 @@ the periodic walk can be reached without waiting for it.
 """
 
 import os
+import shutil
+import subprocess
 import sys
+import textwrap
 import unittest
 
 from support import SCRIPTS, WorkspaceTest, drift_paths
@@ -249,12 +252,103 @@ class TickWithEvents(WorkspaceTest):
         self.write("top.txt", "seen by polling\n")
         self.assertEqual(self.settle(), ["wait", "capture"])
 
+    def test_polling_for_too_many_directories_ends_when_they_are_gone(self):
+        self.watcher.events.dirs_limit = 4
+        for name in "cdef":
+            os.makedirs(os.path.join(self.root, name))
+        self.assertEqual(self.tick(), "idle")
+        watch = self.watcher.events.roots[self.root]
+        self.assertTrue(watch.polling)
+        for name in "cdef":
+            os.rmdir(os.path.join(self.root, name))
+        self.assertEqual(self.tick(), "idle")
+        self.assertTrue(watch.polling, "polling ended before its retry time")
+        self.assertEqual(self.tick(tc.WATCH_RETRY_SECONDS), "idle")
+        self.assertFalse(watch.polling, "a root stayed on polling after the burst was gone")
+        self.assertEqual(self.tick(), "idle")  # the walk after new watches
+        self.assertFalse(self.needs_walk())
+
+    def test_a_folder_above_the_root_replaced_by_a_copy_is_walked(self):
+        tmp = os.path.join(self.tmp, "outer")
+        root = os.path.join(tmp, "p", "ws")
+        os.makedirs(os.path.join(root, "a"))
+        with open(os.path.join(root, "a", "f.txt"), "w") as fh:
+            fh.write("one\n")
+        self.cp.init(root, "deeper", store=os.path.join(tmp, "store"))
+        for _ in range(2):
+            self.now += 1
+            self.watcher.tick(root, now=self.now)
+        events = self.watcher.events
+        self.assertFalse(events.needs_walk(root, self.now))
+        shutil.copytree(os.path.join(tmp, "p"), os.path.join(tmp, "p.new"))
+        os.rename(os.path.join(tmp, "p"), os.path.join(tmp, "p.old"))
+        os.rename(os.path.join(tmp, "p.new"), os.path.join(tmp, "p"))
+        self.assertTrue(events.needs_walk(root, self.now),
+                        "a root put back as a copy kept its old watches unnoticed")
+        self.now += 1
+        self.watcher.tick(root, now=self.now)
+        self.now += 1
+        self.watcher.tick(root, now=self.now)
+        with open(os.path.join(root, "a", "f.txt"), "w") as fh:
+            fh.write("edited after the swap\n")
+        self.assertTrue(events.needs_walk(root, self.now), "the copy is not watched")
+
     def test_a_root_no_longer_watched_gives_its_watches_back(self):
         events = self.watcher.events
         self.assertTrue(events.by_wd)
         events.keep_only([])
         self.assertEqual(events.by_wd, {})
         self.assertNotIn(self.root, events.roots)
+
+
+MOUNT_SCRIPT = textwrap.dedent("""
+    import os, shutil, subprocess, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    import tc
+    tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-mount-"))
+    root = os.path.join(tmp, "ws")
+    os.makedirs(os.path.join(root, "a"))
+    other = os.path.join(tmp, "other")
+    os.makedirs(other)
+    cp = tc.Checkpoints(tc.Config(watch=True, watch_interval=3600, git=False))
+    cp.init(root, "t")
+    cp.start_watcher()
+    now = [1000.0]
+    def tick():
+        now[0] += 1
+        return cp.watcher.tick(root, now=now[0])
+    tick(); tick()
+    subprocess.run(["mount", "--bind", other, os.path.join(root, "a")], check=True)
+    try:
+        tick(); tick()
+        with open(os.path.join(root, "a", "in-the-mount.txt"), "w") as fh:
+            fh.write("x")
+        print("needs_walk", cp.watcher.events.needs_walk(root, now[0]))
+    finally:
+        subprocess.run(["umount", os.path.join(root, "a")], check=True)
+        cp.stop_watcher()
+        shutil.rmtree(tmp, ignore_errors=True)
+""")
+
+
+@unittest.skipUnless(EVENTS and hasattr(os, "geteuid") and os.geteuid() == 0
+                     and shutil.which("unshare") and shutil.which("mount"),
+                     "needs root, unshare and mount")
+class MountsInsideTheWorkspace(unittest.TestCase):
+
+    def test_a_mount_over_a_watched_folder_is_watched(self):
+        scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "scripts")
+        try:
+            run = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
+                                  "-c", MOUNT_SCRIPT, scripts],
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.skipTest("no private mount namespace here: %s" % exc)
+        if run.returncode != 0 and "needs_walk" not in run.stdout:
+            self.skipTest("no private mount namespace here: %s" % run.stderr.strip()[-200:])
+        self.assertIn("needs_walk True", run.stdout,
+                      "a file made inside a folder mounted over a watched one went unnoticed")
 
 
 if __name__ == "__main__":
