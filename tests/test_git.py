@@ -142,17 +142,17 @@ class GitCase(WorkspaceTest):
             "#!/bin/sh\n"
             "printf '%%s\\n' \"$*\" >> '%(log)s'\n"
             "case \" $* \" in *\" -t tree \"*)\n"
-            "  tmp=$(mktemp); cat > \"$tmp\"; mkdir -p '%(trees)s'\n"
+            "  tmp=$(mktemp '%(scratch)s/stdin.XXXXXX'); cat > \"$tmp\"; mkdir -p '%(trees)s'\n"
             "  while IFS= read -r p; do\n"
             "    cp \"$p\" '%(trees)s'/$(ls '%(trees)s' | wc -l | tr -d ' ')\n"
             "  done < \"$tmp\"\n"
             "  exec '%(git)s' \"$@\" < \"$tmp\";;\n"
             "*\" hash-object \"*)\n"
-            "  tmp=$(mktemp); cat > \"$tmp\"; cat \"$tmp\" >> '%(hashed)s'\n"
+            "  tmp=$(mktemp '%(scratch)s/stdin.XXXXXX'); cat > \"$tmp\"; cat \"$tmp\" >> '%(hashed)s'\n"
             "  exec '%(git)s' \"$@\" < \"$tmp\";;\n"
             "esac\n"
         ) % {"log": self.spy_log, "hashed": self.spy_hashed, "git": REAL_GIT,
-             "trees": self.spy_trees}
+             "trees": self.spy_trees, "scratch": self.tmp}
         script += action + "exec '%s' \"$@\"\n" % REAL_GIT
         write(spy_dir, "git", script, mode=0o755)
         return {"PATH": spy_dir + os.pathsep + os.environ.get("PATH", "")}
