@@ -32,9 +32,7 @@ a hash but no content; the drift layer detects change by stat, not content.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
-import dataclasses
 import errno
 import fnmatch
 import functools
@@ -47,12 +45,10 @@ import secrets
 import shutil
 import stat as stat_mod
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import typing
 
 __version__ = "0.1.0"
@@ -135,8 +131,7 @@ def parse_seconds(value, default, *, minimum=0.05):
     return number
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
+class Config(typing.NamedTuple):
     """Settings read once from the environment and passed down."""
 
     store: typing.Optional[str] = None
@@ -293,6 +288,7 @@ GIT_HASH_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 def _pool(pools, workers, name):
     with _POOL_LOCK:
         if not pools:
+            import concurrent.futures  # only when work is spread over threads
             pools.append(concurrent.futures.ThreadPoolExecutor(
                 max_workers=workers, thread_name_prefix=name))
         return pools[0]
@@ -325,6 +321,7 @@ def in_parallel(fn, items, *, minimum=8):
             results.append(window[0].result())
             window.popleft()
     except BaseException:
+        import concurrent.futures
         for future in window:
             future.cancel()
         concurrent.futures.wait(window)
@@ -3123,6 +3120,7 @@ class _GitRunner:
         for item in self.config:
             argv += ["-c", item]
         argv += list(args)
+        import subprocess  # only in a git repository
         try:
             proc = subprocess.run(argv, cwd=cwd or self.root, env=env or self.env,
                                   input=input, stdout=subprocess.PIPE,
@@ -4275,6 +4273,7 @@ class Checkpoints:
                 step_index=index, entries=entries, payload_path=ws.store.payloads.path,
                 message="checkpoint %s s%04d: %s" % (ws.task_id, index, title))
         except Exception as exc:  # git never fails a save
+            import traceback
             self.log("git ref failed: %s" % traceback.format_exc())
             return self.git.skipped("git failed", error=str(exc))
 
@@ -4596,6 +4595,7 @@ class Checkpoints:
         try:
             journal.rollback()
         except Exception:
+            import traceback
             self.log("rollback of %s failed: %s" % (what, traceback.format_exc()))
             raise StoreCorrupt("the %s failed (%s) and could not be fully undone; the next "
                                "tool call retries the rollback" % (what, exc)) from None

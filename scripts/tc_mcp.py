@@ -14,13 +14,11 @@ it does not know is named on stderr and the server starts anyway.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import threading
 import time
-import traceback
 
 if __package__ in (None, "") and os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -497,6 +495,7 @@ class Server:
         except tc.CheckpointError as exc:
             return tool_result(one_line(str(exc)), is_error=True)
         except OSError as exc:
+            import traceback
             self.log("%s: %s" % (name, traceback.format_exc()))
             return tool_result("%s could not finish: %s. Fix the cause (disk space, "
                                "permissions, a damaged store) and retry."
@@ -559,6 +558,7 @@ class Server:
         except RpcError:
             raise
         except Exception as exc:  # the one place an unexpected fault is turned into -32603
+            import traceback
             self.log("internal error in %s: %s" % (method, traceback.format_exc()))
             raise RpcError(INTERNAL_ERROR, "internal error in %s: %s (details in server.log)"
                            % (method, type(exc).__name__)) from None
@@ -662,6 +662,7 @@ def install_skill(directory, force):
 
 
 def build_parser():
+    import argparse  # only for a command line with options
     parser = argparse.ArgumentParser(
         prog="tc-mcp",
         description="task-checkpoint-mcp: checkpoints for long agent tasks, as a stdio MCP "
@@ -680,6 +681,9 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        return run_stdio()
     args, unknown = build_parser().parse_known_args(argv)
     if args.version:
         print("%s %s" % (SERVER_NAME, tc.__version__))

@@ -6,6 +6,7 @@ caller. These tests pin that down, with the order of results and the
 sequential path for short lists.
 """
 
+import concurrent.futures
 import sys
 import threading
 import time
@@ -117,7 +118,7 @@ class InParallelTest(unittest.TestCase):
             time.sleep(0.1)
             release.set()
 
-        original = tc.concurrent.futures.Future.result
+        original = concurrent.futures.Future.result
         calls = [0]
 
         def result_then_interrupt(future, timeout=None):
@@ -127,12 +128,12 @@ class InParallelTest(unittest.TestCase):
                 raise KeyboardInterrupt
             return original(future, timeout)
 
-        tc.concurrent.futures.Future.result = result_then_interrupt
+        concurrent.futures.Future.result = result_then_interrupt
         try:
             with self.assertRaises(KeyboardInterrupt):
                 tc.in_parallel(work, range(8))
         finally:
-            tc.concurrent.futures.Future.result = original
+            concurrent.futures.Future.result = original
         self.assertEqual(active[0], 0, "a worker was still running after the interrupt")
 
     def test_nested_calls_run_in_the_worker_instead_of_waiting_on_the_pool(self):
