@@ -3379,12 +3379,19 @@ def copy_tree_file(payloads, sha, dest, mode, made=None):
 def package_files(base):
     """Every regular file of a package directory, as a path relative to it
     ("files/src/app.py"); a symlink anywhere in it is refused. One listing
-    per folder: the file types come from the listing itself."""
+    per folder: the file types come from the listing itself. A folder that
+    cannot be listed is left out (a file listed inside it is then missing)."""
     files = set()
     stack = [""]
     while stack:
         prefix = stack.pop()
-        with os.scandir(os.path.join(base, prefix) if prefix else base) as it:
+        try:
+            it = os.scandir(os.path.join(base, prefix) if prefix else base)
+        except OSError:
+            if not prefix:
+                raise
+            continue  # a folder it cannot list holds nothing it can import
+        with it:
             for entry in it:
                 rel = prefix + entry.name
                 if entry.is_symlink():

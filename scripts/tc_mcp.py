@@ -14,11 +14,19 @@ it does not know is named on stderr and the server starts anyway.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
-import time
+
+if __name__ == "__main__" and __spec__ is not None and sys.path and (
+        os.path.abspath(sys.path[0] or os.curdir) == os.getcwd()):
+    # `python -m tc_mcp` (how the npm launcher starts it) puts the working
+    # directory, usually the user's project, ahead of the standard library:
+    # a project's secrets.py or json.py would run in place of the real one.
+    del sys.path[0]
+
+import json  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 if __package__ in (None, "") and os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -64,10 +64,10 @@ class ToolResult:
 class Server:
     """A real `tc_mcp.py` subprocess spoken to over stdio."""
 
-    def __init__(self, env=None, cwd=None, args=()):
+    def __init__(self, env=None, cwd=None, args=(), command=None):
         self.env = clean_env(env)
         self.proc = subprocess.Popen(
-            [sys.executable, SERVER, *args],
+            list(command or [sys.executable, SERVER]) + list(args),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=self.env, cwd=cwd or tempfile.gettempdir())
         self._id = 0

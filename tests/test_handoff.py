@@ -11,11 +11,13 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
-from support import Server, WorkspaceTest, snapshot, tree_listing
+from support import SCRIPTS, Server, WorkspaceTest, clean_env, snapshot, tree_listing
 
 NOISE = ("server.log",)
 
@@ -762,3 +764,41 @@ class StoreTest(HandoffBase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+LIST_AS_USER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import tc
+print(sorted(tc.package_files(sys.argv[2])))
+"""
+
+
+class UnreadableFolderTest(unittest.TestCase):
+    """A folder of a package that cannot be listed is left out, as before."""
+
+    def test_an_unlistable_folder_does_not_fail_the_listing(self):
+        base = tempfile.mkdtemp(prefix="tc-pkg-")
+        self.addCleanup(shutil.rmtree, base, True)
+        os.chmod(base, 0o755)
+        for rel in ("files/src/app.py", "extra/private.txt"):
+            path = os.path.join(base, *rel.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as fh:
+                fh.write("x\n")
+            os.chmod(os.path.dirname(path), 0o755)
+            os.chmod(path, 0o644)
+        os.chmod(os.path.join(base, "files"), 0o755)
+        os.chmod(os.path.join(base, "extra"), 0o000)
+        self.addCleanup(os.chmod, os.path.join(base, "extra"), 0o755)
+        command = [sys.executable, "-c", LIST_AS_USER, SCRIPTS, base]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                self.skipTest("running as root without setpriv: permissions are not enforced")
+            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + command
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                              env=clean_env({"PYTHONDONTWRITEBYTECODE": "1"}))
+        if proc.returncode != 0 and "setpriv" in proc.stderr:
+            self.skipTest("cannot drop privileges here: %s" % proc.stderr.strip())
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip(), "['files/src/app.py']")

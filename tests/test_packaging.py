@@ -212,6 +212,26 @@ class MetadataTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.strip().split()[0], PROJECT)
 
+    def test_python_dash_m_ignores_modules_in_the_working_directory(self):
+        # The npm launcher runs `python -m tc_mcp` from the client's working
+        # directory, usually the user's project; its own secrets.py or json.py
+        # must not be imported in place of the standard library's.
+        project = tempfile.mkdtemp(prefix="tc-shadow-")
+        self.addCleanup(shutil.rmtree, project, True)
+        for name in ("json", "secrets", "subprocess", "tempfile", "hashlib", "traceback"):
+            with open(os.path.join(project, name + ".py"), "w") as fh:
+                fh.write("raise SystemExit('the project\\'s %s.py was imported')\n" % name)
+        with open(os.path.join(project, "app.txt"), "w") as fh:
+            fh.write("work\n")
+        srv = Server(env=dict(checkout_env(), TC_GIT="on"), cwd=project,
+                     command=[sys.executable, "-m", "tc_mcp"])
+        self.addCleanup(srv.close)
+        srv.initialize()
+        srv.ok("tc_init", root=project, name="shadowed")
+        self.assertEqual(srv.ok("tc_save", root=project, title="one")["index"], 1)
+        srv.close()
+        self.assertNotIn("was imported", srv.stderr)
+
     def test_server_json(self):
         data = load_json("server.json")
         self.assertRegex(data["$schema"], SCHEMA_URL)
