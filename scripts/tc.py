@@ -984,6 +984,35 @@ class RawFile:
         self.close()
 
 
+def copy_descriptor(src, dst):
+    """Copy what is left of descriptor src into dst (the kernel copies where
+    it can: os.copy_file_range); the number of bytes copied."""
+    total = 0
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            while True:
+                count = copy_range(src, dst, 8 * CHUNK)
+                if not count:
+                    return total
+                total += count
+        except OSError as exc:
+            if total or exc.errno not in KERNEL_COPY_UNSUPPORTED:
+                raise
+    for block in iter(lambda: os.read(src, CHUNK), b""):
+        view = memoryview(block)
+        while view:
+            view = view[os.write(dst, view):]
+        total += len(block)
+    return total
+
+
+# copy_file_range refusing the pair of files (another file system on old
+# kernels, a file system without it): copied through memory instead.
+KERNEL_COPY_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
+                           errno.EBADF, errno.ETXTBSY, errno.EPERM}
+
+
 def open_over(dest, mode):
     """(file, its stat before writing) of dest opened for writing over in place.
 
@@ -1395,6 +1424,51 @@ class PayloadStore:
         if digest.hexdigest() != sha:
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
         return after
+
+    def store_verified(self, src, sha):
+        """Store the package file src as the payload sha (unless stored
+        already), checking its bytes hash to sha as they are copied; a
+        mismatch removes the copy and fails. The path written, or None."""
+        target = self.path(sha)
+        try:
+            fh = RawFile.open(src, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise InvalidArgument("the package lacks the file %r it lists" % src) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePath("the package entry %r is a symlink" % src) from None
+            raise
+        with fh:
+            try:
+                out = RawFile(self._opener(sha)(target, PAYLOAD_CREATE_FLAGS))
+            except FileExistsError:
+                return None
+            digest = hashlib.sha256()
+            try:
+                with out:
+                    for block in fh.blocks():
+                        digest.update(block)
+                        out.write(block)
+                if digest.hexdigest() != sha:
+                    raise InvalidArgument("the package file %r does not match its recorded "
+                                          "hash (tampered or damaged)" % src)
+            except BaseException:
+                remove_file(target)
+                raise
+        self.pending.append(target)
+        self._count(out.written)
+        return target
+
+    def place_stored(self, sha, dest, mode):
+        """Write the payload sha into dest in place, as write_over does, for a
+        payload this operation has just written and checked: copied by the
+        kernel, without hashing it again. dest's stat once written."""
+        src = self._open_payload(sha)
+        with src:
+            out, before = open_over(dest, mode)
+            with out:
+                out.written = copy_descriptor(src.fd, out.fd)
+                return end_over(out, dest, before, mode)
 
     def import_file(self, src, dest, sha, mode):
         """Copy src into dest (written over in place) and, when missing, into
@@ -4934,11 +5008,33 @@ class Checkpoints:
             ensure_dir(os.path.dirname(fulls[item["path"]]), made)
         made = None
 
+        def package_file(item):
+            # Checked in load_package; opened without following a link.
+            return os.path.join(package, "files", *item["path"].split("/"))
+
+        # New content goes to the store first, checked against its hash, and
+        # is flushed before the workspace copies exist: the flush then writes
+        # back only the store's copies, and the workspace copies are made
+        # from them by the kernel.
+        missing = set(payloads.missing({item["sha256"] for item in desc["files"]}))
+        firsts = {}
+        for item in desc["files"]:
+            if item["sha256"] in missing:
+                firsts.setdefault(item["sha256"], item)
+        fresh = {sha for sha, written in zip(firsts, in_parallel(
+            lambda item: payloads.store_verified(package_file(item), item["sha256"]),
+            firsts.values())) if written}
+        payloads.flush()
+
+        def write(item, dest):
+            sha, mode = item["sha256"], item["mode"] & 0o777
+            if sha in fresh:
+                return payloads.place_stored(sha, dest, mode)
+            return payloads.import_file(package_file(item), dest, sha, mode)
+
         def place(item):
             rel = item["path"]
             full = fulls[rel]
-            # Checked in load_package; opened without following a link.
-            src = os.path.join(package, "files", *rel.split("/"))
             try:
                 st = os.lstat(full)
             except FileNotFoundError:
@@ -4951,18 +5047,18 @@ class Checkpoints:
             if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
                 tmp = journal.temp_name(full)
                 remove_file(tmp)
-                payloads.import_file(src, tmp, item["sha256"], item["mode"] & 0o777)
+                write(item, tmp)
                 os.replace(tmp, full)
                 st = os.lstat(full)  # a rename moves the ctime
             else:
-                st = payloads.import_file(src, full, item["sha256"], item["mode"] & 0o777)
+                st = write(item, full)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
 
         for item, row in zip(desc["files"], in_parallel(place, desc["files"])):
             rows[item["path"]] = row
-        payloads.flush()
+        payloads.flush()  # content another thread of this import stored meanwhile, if any
         state = self._import_records(ws, desc)
         recovered = None
         if overwritten:

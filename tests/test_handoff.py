@@ -167,6 +167,30 @@ class HandoffBase(WorkspaceTest):
 
 class ExportImportTest(HandoffBase):
 
+    def test_repeated_and_already_stored_content_is_imported_exactly(self):
+        srv = self.server()
+        files = {"a/one.txt": b"same bytes\n", "b/two.txt": b"same bytes\n",
+                 "known.txt": b"the receiver has this already\n",
+                 "big.bin": bytes(range(256)) * 9000, "empty.txt": b""}
+        for rel, data in files.items():
+            self.write(rel, data)
+        srv.ok("tc_init", root=self.root, name="dupes")
+        srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        package = self.export(srv)["path"]
+        target = os.path.join(self.other_dir(), "ws")
+        os.makedirs(target)
+        with open(os.path.join(target, "mine.txt"), "wb") as fh:
+            fh.write(files["known.txt"])
+        srv.ok("tc_import", root=target, package=package)
+        got = file_bytes(target)
+        for rel, data in files.items():
+            self.assertEqual(got[rel], data, rel)
+        self.assertEqual(got["mine.txt"], files["known.txt"])
+        with open(os.path.join(target, "a", "one.txt"), "wb") as fh:
+            fh.write(b"changed after the import\n")
+        srv.ok("tc_restore", root=target, index=1, apply=True)
+        self.assertEqual(file_bytes(target)["a/one.txt"], files["a/one.txt"])
+
     def test_round_trip_reproduces_step_and_resumes(self):
         src = self.server()
         self.write(".env", "SECRET=hunter2-xyz\n")
@@ -421,6 +445,19 @@ class CraftedPackageTest(HandoffBase):
             fh.seek(100)
             fh.write(b"\x00TAMPERED\x00")
         self.assert_refused_without_trace(package, "tampered file")
+
+    def test_tampered_file_whose_content_the_receiver_holds_is_refused(self):
+        # The receiving store already holds src/app.py's content, so the
+        # import writes that file from the package, checking it on the way.
+        with open(os.path.join(self.target, "same-as-app.py"), "wb") as fh:
+            fh.write(self.files["src/app.py"])
+        self.dst.ok("tc_save", root=self.target, title="holds the content", conclusion="c",
+                    next="n")
+        package = self.copy_package()
+        copy = content_copy(package, "src/app.py")
+        with open(copy, "r+b") as fh:
+            fh.write(b"PRINT")
+        self.assert_refused_without_trace(package, "tampered file with known content")
 
     def test_task_that_already_exists_is_refused(self):
         package = self.copy_package()
@@ -792,13 +829,17 @@ class UnreadableFolderTest(unittest.TestCase):
         os.chmod(os.path.join(base, "extra"), 0o000)
         self.addCleanup(os.chmod, os.path.join(base, "extra"), 0o755)
         command = [sys.executable, "-c", LIST_AS_USER, SCRIPTS, base]
+        env = clean_env({"PYTHONDONTWRITEBYTECODE": "1"})
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             if not shutil.which("setpriv"):
                 self.skipTest("running as root without setpriv: permissions are not enforced")
             command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + command
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                              env=clean_env({"PYTHONDONTWRITEBYTECODE": "1"}))
-        if proc.returncode != 0 and "setpriv" in proc.stderr:
-            self.skipTest("cannot drop privileges here: %s" % proc.stderr.strip())
+            probe = subprocess.run(command[:5] + ["-c", "import sys; sys.path.insert(0, %r); "
+                                                  "import tc" % SCRIPTS],
+                                   capture_output=True, text=True, timeout=60, env=env)
+            if probe.returncode != 0:
+                self.skipTest("this interpreter cannot run as an unprivileged user: %s"
+                              % probe.stderr.strip()[-200:])
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.strip(), "['files/src/app.py']")
