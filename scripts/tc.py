@@ -2257,6 +2257,7 @@ WATCH_FULL_SCAN_SECONDS = 30.0
 # A root polled for a passing reason (too many directories, the kernel out
 # of watches) tries watching again after this long.
 WATCH_RETRY_SECONDS = 300.0
+WATCH_PASSING_ERRORS = {errno.ENOSPC, errno.ENOMEM, errno.ENAMETOOLONG}
 # A root with more directories than this, or than an eighth of the user's
 # kernel budget of watches (which editors and other tools share), is polled
 # rather than watched.
@@ -2444,7 +2445,7 @@ class DirectoryEvents:
                 if code in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
                     watch.dirty = True  # gone or changed since the walk: walk again
                     continue
-                self._poll(root, os.strerror(code), retry=code in (errno.ENOSPC, errno.ENOMEM))
+                self._poll(root, os.strerror(code), retry=code in WATCH_PASSING_ERRORS)
                 return
             watch.dirs[rel] = (wd, inode)
             self.by_wd.setdefault(wd, set()).add((root, rel))
