@@ -1013,6 +1013,29 @@ KERNEL_COPY_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOT
                            errno.EBADF, errno.ETXTBSY, errno.EPERM}
 
 
+def open_package_file(src):
+    """A package file opened for reading, never through a symlink."""
+    try:
+        return RawFile.open(src, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise InvalidArgument("the package lacks the file %r it lists" % src) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath("the package entry %r is a symlink" % src) from None
+        raise
+
+
+def check_package_file(src, sha):
+    """Fail unless the package file src hashes to sha (tampered or damaged)."""
+    digest = hashlib.sha256()
+    with open_package_file(src) as fh:
+        for block in fh.blocks():
+            digest.update(block)
+    if digest.hexdigest() != sha:
+        raise InvalidArgument("the package file %r does not match its recorded hash "
+                              "(tampered or damaged)" % src)
+
+
 def open_over(dest, mode):
     """(file, its stat before writing) of dest opened for writing over in place.
 
@@ -1430,15 +1453,7 @@ class PayloadStore:
         already), checking its bytes hash to sha as they are copied; a
         mismatch removes the copy and fails. The path written, or None."""
         target = self.path(sha)
-        try:
-            fh = RawFile.open(src, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            raise InvalidArgument("the package lacks the file %r it lists" % src) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafePath("the package entry %r is a symlink" % src) from None
-            raise
-        with fh:
+        with open_package_file(src) as fh:
             try:
                 out = RawFile(self._opener(sha)(target, PAYLOAD_CREATE_FLAGS))
             except FileExistsError:
@@ -1482,15 +1497,7 @@ class PayloadStore:
         store_path = None
         digest = hashlib.sha256()
         try:
-            try:
-                fh = RawFile.open(src, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
-            except FileNotFoundError:
-                raise InvalidArgument("the package lacks the file %r it lists" % src) from None
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise UnsafePath("the package entry %r is a symlink" % src) from None
-                raise
-            with fh:
+            with open_package_file(src) as fh:
                 out, before = open_over(dest, mode)
                 with out:
                     try:
@@ -5017,14 +5024,25 @@ class Checkpoints:
         # is flushed before the workspace copies exist: the flush then writes
         # back only the store's copies, and the workspace copies are made
         # from them by the kernel.
+        # A second path with the same new content is written from the store
+        # copy too; its own package file is only checked against the hash.
         missing = set(payloads.missing({item["sha256"] for item in desc["files"]}))
-        firsts = {}
+        firsts, repeats = {}, []
         for item in desc["files"]:
             if item["sha256"] in missing:
-                firsts.setdefault(item["sha256"], item)
-        fresh = {sha for sha, written in zip(firsts, in_parallel(
-            lambda item: payloads.store_verified(package_file(item), item["sha256"]),
-            firsts.values())) if written}
+                if item["sha256"] in firsts:
+                    repeats.append(item)
+                else:
+                    firsts[item["sha256"]] = item
+
+        def store_or_check(item):
+            if firsts[item["sha256"]] is item:
+                return payloads.store_verified(package_file(item), item["sha256"])
+            check_package_file(package_file(item), item["sha256"])
+            return None
+
+        stored = in_parallel(store_or_check, list(firsts.values()) + repeats)
+        fresh = {sha for sha, written in zip(firsts, stored) if written}
         payloads.flush()
 
         def write(item, dest):

@@ -17,12 +17,22 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__" and __spec__ is not None and sys.path and (
-        os.path.abspath(sys.path[0] or os.curdir) == os.getcwd()):
-    # `python -m tc_mcp` (how the npm launcher starts it) puts the working
-    # directory, usually the user's project, ahead of the standard library:
-    # a project's secrets.py or json.py would run in place of the real one.
-    del sys.path[0]
+
+
+def _drop_working_directory():
+    """`python -m tc_mcp` (how the npm launcher starts it on Python 3.10)
+    puts the working directory, usually the user's project, ahead of the
+    standard library: a project's secrets.py or json.py would run in place
+    of the real one."""
+    try:
+        if sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.getcwd():
+            del sys.path[0]
+    except OSError:  # the working directory is gone: nothing can be imported from it
+        pass
+
+
+if __name__ == "__main__" and __spec__ is not None:
+    _drop_working_directory()
 
 import json  # noqa: E402
 import threading  # noqa: E402

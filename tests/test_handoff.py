@@ -191,6 +191,22 @@ class ExportImportTest(HandoffBase):
         srv.ok("tc_restore", root=target, index=1, apply=True)
         self.assertEqual(file_bytes(target)["a/one.txt"], files["a/one.txt"])
 
+    def test_a_tampered_copy_of_repeated_content_is_refused(self):
+        srv = self.server()
+        for rel in ("a/one.txt", "b/two.txt", "c/three.txt"):
+            self.write(rel, b"same bytes in three places\n")
+        srv.ok("tc_init", root=self.root, name="dupes")
+        srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
+        package = self.export(srv)["path"]
+        with open(content_copy(package, "c/three.txt"), "r+b") as fh:
+            fh.write(b"EVIL")
+        target = os.path.join(self.other_dir(), "ws")
+        os.makedirs(target)
+        res = srv.call("tc_import", root=target, package=package)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("does not match its recorded hash", res.text)
+        self.assertEqual(file_bytes(target), {})
+
     def test_round_trip_reproduces_step_and_resumes(self):
         src = self.server()
         self.write(".env", "SECRET=hunter2-xyz\n")

@@ -172,6 +172,21 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("tc_init", names)
         self.assertIn("tc_resume", names)
 
+    def test_a_project_s_own_modules_are_not_imported(self):
+        # The launcher runs from the client's working directory, usually the
+        # user's project; its json.py must not replace the standard library's.
+        for name in ("json", "secrets", "tempfile", "hashlib"):
+            with open(os.path.join(self.tmp, name + ".py"), "w", encoding="utf-8") as fh:
+                fh.write("raise SystemExit('the project\\'s %s.py was imported')\n" % name)
+        env = clean_env({"PYTHONPATH": SCRIPTS, "TC_PYTHON": sys.executable})
+        message = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                              "clientInfo": {"name": "npm-test", "version": "0"}}}
+        proc = self.run_launcher([], env, input=(json.dumps(message) + "\n").encode())
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn(b"was imported", proc.stderr)
+        self.assertEqual(json.loads(proc.stdout.decode().splitlines()[0])["id"], 1)
+
     def test_arguments_reach_the_server(self):
         env = clean_env({"PYTHONPATH": SCRIPTS, "TC_PYTHON": sys.executable})
         proc = self.run_launcher(["--skill-path"], env)

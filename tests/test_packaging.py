@@ -232,6 +232,19 @@ class MetadataTest(unittest.TestCase):
         srv.close()
         self.assertNotIn("was imported", srv.stderr)
 
+    def test_python_dash_m_in_a_deleted_working_directory(self):
+        gone = tempfile.mkdtemp(prefix="tc-gone-")
+        messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                     "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "t", "version": "0"}}}]
+        code = ("import os, subprocess, sys; os.chdir(%r); os.rmdir(%r); "
+                "sys.exit(subprocess.run([sys.executable, '-m', 'tc_mcp'], input=sys.stdin.read(),"
+                " text=True).returncode)" % (gone, gone))
+        proc = run([sys.executable, "-c", code], env=checkout_env(),
+                   input="".join(json.dumps(m) + "\n" for m in messages))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(json.loads(proc.stdout.splitlines()[0])["id"], 1, proc.stdout)
+
     def test_server_json(self):
         data = load_json("server.json")
         self.assertRegex(data["$schema"], SCHEMA_URL)

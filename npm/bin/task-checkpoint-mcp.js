@@ -26,13 +26,19 @@ const FORWARDED_SIGNALS = process.platform === 'win32'
   : ['SIGINT', 'SIGTERM', 'SIGHUP'];
 
 // Prints "major.minor" before importing, so a too-old interpreter is reported
-// as such even when tc_mcp does not import there.
+// as such even when tc_mcp does not import there. The working directory
+// (usually the user's project) is taken off sys.path first: a project's own
+// json.py must not be imported in place of the standard library's.
 const PROBE = [
   'import sys',
+  'sys.path[:] = sys.path[1:] if sys.path[:1] == [""] else sys.path',
   'sys.stdout.write("%d.%d\\n" % sys.version_info[:2])',
   'sys.stdout.flush()',
   'import tc_mcp',
 ].join('; ');
+// Python 3.11+ can leave the working directory off sys.path (-P) for the
+// server too; on 3.10 tc_mcp takes it off itself as it starts.
+const SAFE_PATH_PYTHON = [3, 11];
 
 function helpText() {
   return [
@@ -99,6 +105,7 @@ function probe(candidate) {
     return `did not start as Python (exit ${result.status})`;
   }
   const version = [Number(match[1]), Number(match[2])];
+  candidate.version = version;
   if (!versionAtLeast(version, MIN_PYTHON)) {
     return `Python ${version.join('.')} is older than ${MIN_PYTHON.join('.')}`;
   }
@@ -147,8 +154,10 @@ function exitLike(code, signal) {
 }
 
 function run(candidate, args) {
+  const safePath = candidate.version && versionAtLeast(candidate.version, SAFE_PATH_PYTHON)
+    ? ['-P'] : [];
   const child = childProcess.spawn(
-    candidate.command, [...candidate.prefix, '-m', 'tc_mcp', ...args],
+    candidate.command, [...candidate.prefix, ...safePath, '-m', 'tc_mcp', ...args],
     { stdio: 'inherit', windowsHide: true });
   for (const sig of FORWARDED_SIGNALS) {
     process.on(sig, () => {
