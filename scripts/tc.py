@@ -994,7 +994,9 @@ def copy_descriptor(src, dst):
             while True:
                 count = copy_range(src, dst, 8 * CHUNK)
                 if not count:
-                    return total
+                    if total:
+                        return total
+                    break  # nothing at all: an empty file, or a file system that copies nothing
                 total += count
         except OSError as exc:
             if total or exc.errno not in KERNEL_COPY_UNSUPPORTED:
@@ -1480,9 +1482,13 @@ class PayloadStore:
         kernel, without hashing it again. dest's stat once written."""
         src = self._open_payload(sha)
         with src:
+            size = os.fstat(src.fd).st_size
             out, before = open_over(dest, mode)
             with out:
                 out.written = copy_descriptor(src.fd, out.fd)
+                if out.written != size:
+                    raise StoreCorrupt("stored content %s could not be copied whole (%d of %d "
+                                       "bytes)" % (sha[:12], out.written, size))
                 return end_over(out, dest, before, mode)
 
     def import_file(self, src, dest, sha, mode):

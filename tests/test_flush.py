@@ -132,3 +132,40 @@ class OpenOverTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CopyDescriptorTest(unittest.TestCase):
+    """copy_descriptor: the kernel's copy where it works, a plain copy where not."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tc-copy-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def copy(self, src_path):
+        dest = os.path.join(self.tmp, "dest")
+        src = os.open(src_path, os.O_RDONLY)
+        try:
+            dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                count = tc.copy_descriptor(src, dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        with open(dest, "rb") as fh:
+            return count, fh.read()
+
+    def test_regular_files_of_every_size(self):
+        for size in (0, 1, 4096, 3 * tc.CHUNK + 17, 9 * tc.CHUNK):
+            data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+            path = os.path.join(self.tmp, "src-%d" % size)
+            with open(path, "wb") as fh:
+                fh.write(data)
+            self.assertEqual(self.copy(path), (size, data), size)
+
+    @unittest.skipUnless(os.path.exists("/proc/version"), "needs /proc")
+    def test_a_file_the_kernel_will_not_copy(self):
+        # copy_file_range refuses procfs (or copies nothing on older kernels).
+        with open("/proc/version", "rb") as fh:
+            expected = fh.read()
+        self.assertEqual(self.copy("/proc/version"), (len(expected), expected))
