@@ -43,6 +43,13 @@ class ServerWatcherEvents(WorkspaceTest):
         srv.ok("tc_save", root=self.root, title="start", conclusion="c", next="n")
         return srv
 
+    def start_settled(self):
+        """A started task after a few idle ticks (the watches are in place),
+        with the drift records it already has."""
+        srv = self.start()
+        wait_for(lambda: False, 0.8)
+        return srv, self.known(srv)
+
     def recorded(self, srv, known, kind, rel, timeout=10):
         return wait_for(lambda: rel in changes_since(srv, self.root, known)[kind], timeout)
 
@@ -50,9 +57,7 @@ class ServerWatcherEvents(WorkspaceTest):
         return {d["id"] for d in all_drifts(srv, self.root)}
 
     def test_files_in_directories_made_after_the_start_are_recorded(self):
-        srv = self.start()
-        wait_for(lambda: False, 0.8)  # a few idle ticks: the watches are in place
-        known = self.known(srv)
+        srv, known = self.start_settled()
         os.makedirs(os.path.join(self.root, "new", "deeper", "still"))
         self.write("new/deeper/still/made.txt", "made later\n")
         self.assertTrue(self.recorded(srv, known, "added", "new/deeper/still/made.txt"),
@@ -63,9 +68,7 @@ class ServerWatcherEvents(WorkspaceTest):
                         "an edit inside a directory watched since the start was missed")
 
     def test_same_size_edit_with_its_mtime_put_back_is_recorded_while_idle(self):
-        srv = self.start()
-        wait_for(lambda: False, 0.8)
-        known = self.known(srv)
+        srv, known = self.start_settled()
         path = os.path.join(self.root, "src", "app.py")
         before = os.stat(path)
         with open(path, "wb") as fh:
@@ -75,9 +78,7 @@ class ServerWatcherEvents(WorkspaceTest):
                         "a same-size edit with the old mtime was missed by the watcher")
 
     def test_edits_in_a_renamed_directory_are_recorded(self):
-        srv = self.start()
-        wait_for(lambda: False, 0.8)
-        known = self.known(srv)
+        srv, known = self.start_settled()
         os.rename(os.path.join(self.root, "docs"), os.path.join(self.root, "manual"))
         self.assertTrue(self.recorded(srv, known, "added", "manual/guide.md"))
         known = self.known(srv)
