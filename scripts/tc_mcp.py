@@ -57,6 +57,7 @@ TEXT_LIMIT = 100_000
 TITLE_LIMIT = 1_000
 PATH_LIMIT = 4_096
 LIST_LIMIT = 1_000
+LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
 
 
 # ---------------------------------------------------------------------------
@@ -618,6 +619,21 @@ def encode(message):
         return text.encode("utf-8") + b"\n"
 
 
+def read_lines(instream, limit):
+    """The lines of instream; None in place of a line longer than limit, whose
+    bytes are skipped up to its end without being kept."""
+    while True:
+        line = instream.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = instream.readline(1 << 20)
+        yield None
+
+
 def serve(instream, outstream, checkpoints=None, log=None):
     """Serve until instream ends. Streams are binary."""
     log = log or Logger()
@@ -625,10 +641,14 @@ def serve(instream, outstream, checkpoints=None, log=None):
     server = Server(checkpoints, log)
     checkpoints.start_watcher()
     try:
-        for raw in instream:
-            if not raw.strip():
+        for raw in read_lines(instream, LINE_LIMIT):
+            if raw is None:
+                response = error_response(None, INVALID_REQUEST, "request line longer than "
+                                          "%d MiB; it was not read" % (LINE_LIMIT >> 20))
+            elif not raw.strip():
                 continue
-            response = server.handle_line(raw.strip())
+            else:
+                response = server.handle_line(raw.strip())
             if response is not None:
                 outstream.write(encode(response))
                 outstream.flush()

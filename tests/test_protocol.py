@@ -221,6 +221,25 @@ class MessageHandlingTest(ProtocolTest):
         self.assert_alive(self.srv)
         self.assertEqual(os.listdir(self.root), [])
 
+    def test_line_over_the_limit_is_refused_and_skipped(self):
+        # 200 MiB of one request: refused after the first 64 MiB, the rest
+        # skipped without being kept, and the next line read as a request.
+        chunk = b"a" * (1024 * 1024)
+        self.srv.send_raw(b'{"jsonrpc":"2.0","id":51,"method":"ping","params":{"x":"')
+        for _ in range(200):
+            self.srv.send_raw(chunk)
+        self.srv.send_raw(b'"}}\n')
+        reply = self.srv.read_line()
+        self.assertIsNone(reply["id"], reply)
+        self.assertEqual(reply["error"]["code"], -32600, reply)
+        self.assertIn("64 MiB", reply["error"]["message"])
+        pong = self.srv.request("ping", {})
+        self.assertEqual(pong.get("result"), {}, pong)
+        with open("/proc/%d/status" % self.srv.proc.pid) as fh:
+            peak = [line for line in fh if line.startswith("VmHWM")]
+        if peak:  # the line was never held whole
+            self.assertLess(int(peak[0].split()[1]), 200 * 1024, peak[0])
+
 
 class ToolsListTest(ProtocolTest):
     def test_exactly_the_ten_tools(self):
