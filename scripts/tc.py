@@ -1177,6 +1177,9 @@ SYNCFS_OTHER_DIRTY_LIMIT = 4 * 1024 * 1024
 STORE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+
+
 class PayloadStore:
     """Content-addressed copies, written once per content, verified on read."""
 
@@ -1556,6 +1559,10 @@ class PayloadStore:
         return data
 
     def delete(self, sha):
+        """Remove one payload; its size, or 0 when there was none. A name
+        that is not a sha256 (a damaged record) never reaches the file system."""
+        if not isinstance(sha, str) or not _SHA256.match(sha):
+            return 0
         path = self.path(sha)
         try:
             size = os.path.getsize(path)
@@ -4766,7 +4773,7 @@ class Checkpoints:
         with ws.store.lock:
             self._need_writable(ws)
             protected = self._protected_content(ws.store)
-            drifts = self._compressible_drifts(ws)
+            drifts, unreclaimed = self._compressible_drifts(ws)
             eligible = self._eligible_copies(drifts, keep_seconds, minimum, maximum)
             result["eligible"] = len(eligible)
             payloads = ws.store.payloads
@@ -4778,7 +4785,9 @@ class Checkpoints:
                     result["already_gone"] += 1
                 chosen.setdefault(drift_key, set()).add(sha)
             needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
-            freed = set()
+            # Content an earlier compress marked but did not get to delete
+            # (it was stopped between the two) is reclaimed now.
+            freed = unreclaimed - needed
             for key in sorted(chosen):
                 records, drift, _entries = drifts[key]
                 drift["compressed"] = True
@@ -4834,18 +4843,24 @@ class Checkpoints:
         return needed
 
     def _compressible_drifts(self, ws):
-        out = {}
+        """The drift records of this workspace's tasks a compress may convert,
+        and the content already compressed records gave up."""
+        out, unreclaimed = {}, set()
         for task_id in ws.store.task_ids():
             records = ws.store.task(task_id)
             if not records.exists() or records.read_state().get("root") != ws.root:
                 continue
             for number in records.drift_numbers():
                 drift = records.read_drift("d%04d" % number)
-                if drift.get("kind") == "recovered" or drift.get("compressed"):
+                if drift.get("compressed"):
+                    unreclaimed.update(sha for sha in drift.get("unrestorable") or ()
+                                       if isinstance(sha, str))
+                    continue
+                if drift.get("kind") == "recovered":
                     continue
                 entries = records.manifests.load(drift["manifest"])
                 out[(task_id, number)] = (records, drift, entries)
-        return out
+        return out, unreclaimed
 
     @staticmethod
     def _eligible_copies(drifts, keep_seconds, minimum, maximum):

@@ -52,6 +52,11 @@ def find_drift(srv, root, drift_id):
     raise AssertionError("drift %s not listed by tc_show include_drift" % drift_id)
 
 
+def read_file(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 def binary_blob(seed, size):
     """Deterministic bytes covering every byte value."""
     out = bytearray(range(256))
@@ -385,6 +390,60 @@ class CompressTest(WorkspaceTest):
         again = srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
         self.assertEqual(again["bytes_freed"], 0, again)
         self.assertEqual(again["converted"], 0, again)
+
+    def payload_files(self):
+        base = os.path.join(self.store, "payload")
+        return {name: os.path.join(base, prefix, name) for prefix in os.listdir(base)
+                if os.path.isdir(os.path.join(base, prefix))
+                for name in os.listdir(os.path.join(base, prefix))}
+
+    def test_content_a_stopped_compress_left_behind_is_reclaimed_next_time(self):
+        srv = self.server(env=WATCH_OFF)
+        self.write("a.bin", binary_blob(20, 30000))
+        task_id = srv.ok("tc_init", root=self.root, name="stopped compress")["task_id"]
+        srv.ok("tc_save", root=self.root, title="s1")
+        for seed in (21, 22, 23):  # versions only drift records hold
+            self.write("a.bin", binary_blob(seed, 30000 + seed))
+            srv.ok("tc_capture", root=self.root)
+        self.write("a.bin", binary_blob(24, 31000))
+        srv.ok("tc_save", root=self.root, title="s2")
+        state2 = snapshot(self.root)
+        kept = {name: read_file(path) for name, path in self.payload_files().items()}
+        time.sleep(1.1)
+        first = srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
+        gone = sorted(set(kept) - set(self.payload_files()))
+        self.assertTrue(gone, first)
+        # A compress stopped after its records were written and before the
+        # content was deleted leaves exactly this: marked records, content there.
+        for name in gone:
+            with open(os.path.join(self.store, "payload", name[:2], name), "wb") as fh:
+                fh.write(kept[name])
+        # A damaged record naming a path outside the store is never followed.
+        outside = os.path.join(self.tmp, "outside.txt")
+        with open(outside, "w") as fh:
+            fh.write("not the store's\n")
+        drift_dir = os.path.join(self.store, "tasks", task_id, "drifts")
+        marked = [name for name in sorted(os.listdir(drift_dir)) if json.loads(
+            read_file(os.path.join(drift_dir, name))).get("compressed")]
+        self.assertTrue(marked)
+        record_path = os.path.join(drift_dir, marked[0])
+        record = json.loads(read_file(record_path))
+        escape = os.path.relpath(outside, self.store)  # payload/<first 2>/<name>
+        self.assertTrue(escape.startswith(".."), escape)
+        record["unrestorable"].append(escape)
+        with open(record_path, "w") as fh:
+            json.dump(record, fh)
+
+        again = srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
+        self.assertEqual(again["bytes_freed"], sum(len(kept[name]) for name in gone), again)
+        self.assertEqual(again["converted"], 0, again)
+        self.assertEqual(sorted(set(kept) - set(self.payload_files())), gone)
+        self.assertTrue(os.path.exists(outside), "compress deleted a file outside the store")
+        resume = srv.ok("tc_resume", root=self.root)
+        self.assertTrue(resume["health"]["ok"], resume["health"])
+        srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        srv.ok("tc_restore", root=self.root, index=2, apply=True)
+        self.assertEqual(snapshot(self.root), state2)
 
 
 if __name__ == "__main__":
