@@ -428,10 +428,13 @@ def write_record(path, obj, later=None):
 def read_json(path):
     """Parse a store JSON file; a damaged one raises StoreCorrupt naming it."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
+        fh, st = open_regular(path, follow=True)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # a FIFO or device put in its place
+            raise StoreCorrupt("store file %r is not a regular file; remove it" % path) from None
         raise
+    with fh:
+        data = fh.read_all(st.st_size)
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -894,7 +897,8 @@ def hash_file(path):
     """(sha256 hex, bytes read) of a file, streamed."""
     digest = hashlib.sha256()
     total = 0
-    with RawFile.open(path, READ_FLAGS) as fh:
+    fh, _st = open_regular(path)
+    with fh:
         for block in fh.blocks():
             digest.update(block)
             total += len(block)
@@ -920,6 +924,32 @@ def _open_no_follow(path, flags):
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 READ_FLAGS = os.O_RDONLY | O_CLOEXEC | getattr(os, "O_BINARY", 0)
+# A file swapped for a FIFO or a device after the scan would block an open
+# (or never end); swapped for a symlink, it would read a file from elsewhere.
+NO_BLOCK = getattr(os, "O_NONBLOCK", 0)
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_regular(path, *, follow=False):
+    """(RawFile, stat) of path opened for reading, only when it is a regular
+    file: never blocking on a FIFO or device, and, unless follow is set,
+    never through a symlink as its last component. Anything else raises an
+    OSError whose text says what was found."""
+    try:
+        fh = RawFile.open(path, READ_FLAGS | NO_BLOCK | (0 if follow else NO_FOLLOW))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise OSError(errno.ELOOP, "a symlink (not followed)", path) from None
+        raise
+    try:
+        st = os.fstat(fh.fd)
+    except BaseException:
+        fh.close()
+        raise
+    if not stat_mod.S_ISREG(st.st_mode):
+        fh.close()
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fh, st
 
 
 class RawFile:
@@ -1018,12 +1048,14 @@ KERNEL_COPY_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOT
 def open_package_file(src):
     """A package file opened for reading, never through a symlink."""
     try:
-        return RawFile.open(src, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+        return open_regular(src)[0]
     except FileNotFoundError:
         raise InvalidArgument("the package lacks the file %r it lists" % src) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePath("the package entry %r is a symlink" % src) from None
+        if exc.errno == errno.EINVAL:
+            raise UnsafePath("the package entry %r is not a regular file" % src) from None
         raise
 
 
@@ -1255,8 +1287,8 @@ class PayloadStore:
         Small files are read whole; large ones stream into a temp file while
         hashing, so memory does not grow with file size.
         """
-        with RawFile.open(src, READ_FLAGS) as fh:
-            st = os.fstat(fh.fd)
+        fh, st = open_regular(src)
+        with fh:
             mode = stat_mod.S_IMODE(st.st_mode)
             if st.st_size <= READ_WHOLE_LIMIT:
                 data = fh.read_all(st.st_size)
@@ -1546,17 +1578,10 @@ class PayloadStore:
 
     def _open_payload(self, sha):
         try:
-            return RawFile.open(self.path(sha), READ_FLAGS)
+            return open_regular(self.path(sha))[0]
         except FileNotFoundError:
             raise StoreCorrupt("stored content %s is missing from the payload store"
                                % sha[:12]) from None
-
-    def read_verified(self, sha):
-        with open(self.path(sha), "rb") as fh:
-            data = fh.read()
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
-        return data
 
     def delete(self, sha):
         """Remove one payload; its size, or 0 when there was none. A name
@@ -3044,21 +3069,25 @@ _OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 def read_file_or_none(path):
-    """The bytes of a file; None when it is missing or cannot be read."""
+    """The bytes of a regular file (symlinks followed, as git does); None when
+    it is missing, cannot be read, or is not a regular file."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
+        fh, st = open_regular(path, follow=True)
+        with fh:
+            return fh.read_all(st.st_size)
     except OSError:
         return None
 
 
 def file_digest(path):
-    """sha256 hex of a file's bytes; None when it is missing or cannot be read."""
+    """sha256 hex of a regular file's bytes; None when it is missing, cannot
+    be read, or is not a regular file."""
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
+        fh, _st = open_regular(path, follow=True)
+        with fh:
+            for block in fh.blocks():
+                digest.update(block)
     except OSError:
         return None
     return digest.hexdigest()

@@ -7,6 +7,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import unittest
 
 from support import SCRIPTS, WorkspaceTest, make_git_repo, git, write, read
@@ -354,6 +355,102 @@ class WatcherAndGitTests(WorkspaceTest):
         ref = "refs/checkpoints/%s/s%04d" % (task, closed["index"])
         self.assertEqual(closed["git"]["ref"], ref, closed["git"])
         self.assertIn(ref.encode(), git(self.root, "for-each-ref", "refs/checkpoints/"))
+
+
+class SwappedFileTests(WorkspaceTest):
+    """A file replaced between the scan and the read: by a FIFO (an open
+    would wait for a writer forever) or by a symlink to a file elsewhere
+    (its bytes would be stored as the workspace's)."""
+
+    def setUp(self):
+        super().setUp()
+        self.secret = os.path.join(self.tmp, "elsewhere.txt")
+        with open(self.secret, "wb") as fh:
+            fh.write(b"bytes from outside the workspace " + os.urandom(8).hex().encode())
+        self.fifo = os.path.join(self.root, "pipe")
+        os.mkfifo(self.fifo)
+        self.link = os.path.join(self.root, "link.txt")
+        os.symlink(self.secret, self.link)
+
+    def in_time(self, fn, *args):
+        """fn(*args) in a thread; fails the test if it is still running after 5 s."""
+        outcome = {}
+
+        def run():
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as exc:  # handed to the test thread
+                outcome["error"] = exc
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(5)
+        if thread.is_alive():
+            with open(self.fifo, "wb"):  # let the blocked open go, then fail
+                pass
+            self.fail("%s(%r) blocked" % (fn.__name__, args))
+        return outcome
+
+    def test_reads_refuse_what_is_not_a_regular_file(self):
+        payloads = tc.PayloadStore(os.path.join(self.tmp, "payload"))
+        for path, words in ((self.fifo, "not a regular file"), (self.link, "symlink")):
+            for fn in (payloads.put_file, tc.hash_file):
+                outcome = self.in_time(fn, path)
+                self.assertIsInstance(outcome.get("error"), OSError, (fn.__name__, outcome))
+                self.assertIn(words, str(outcome["error"]))
+        self.assertEqual(os.listdir(payloads.directory) if os.path.isdir(payloads.directory)
+                         else [], [], "something was stored")
+        outcome = self.in_time(tc.read_json, self.fifo)
+        self.assertIsInstance(outcome.get("error"), tc.StoreCorrupt, outcome)
+
+    def test_save_with_files_swapped_under_it_neither_blocks_nor_stores_outside_bytes(self):
+        os.remove(self.fifo)
+        os.remove(self.link)
+        for i in range(40):
+            self.write("f%02d.txt" % i, "file %d\n" % i)
+        srv = self.server(env={"TC_WATCH": "off"})
+        srv.ok("tc_init", root=self.root, name="swapped")
+        target = os.path.join(self.root, "flip.txt")
+        stop = threading.Event()
+
+        def flip():
+            turn = 0
+            while not stop.is_set():
+                turn += 1
+                tmp = os.path.join(self.root, ".flip")
+                try:
+                    if turn % 3 == 0:
+                        with open(tmp, "wb") as fh:
+                            fh.write(b"regular %d\n" % turn)
+                    elif turn % 3 == 1:
+                        os.symlink(self.secret, tmp)
+                    else:
+                        os.mkfifo(tmp)
+                    os.replace(tmp, target)
+                except OSError:
+                    pass
+        flipper = threading.Thread(target=flip)
+        flipper.start()
+        try:
+            for i in range(60):
+                name, args = (("tc_save", {"title": "s%d" % i}) if i % 2
+                              else ("tc_capture", {}))
+                srv._id += 1
+                srv.send_raw((json.dumps({"jsonrpc": "2.0", "id": srv._id,
+                                          "method": "tools/call",
+                                          "params": {"name": name, "arguments": dict(
+                                              root=self.root, **args)}}) + "\n").encode())
+                ready, _, _ = select.select([srv.proc.stdout], [], [], 10)
+                self.assertTrue(ready, "%s %d never answered" % (name, i))
+                reply = json.loads(srv.proc.stdout.readline())
+                self.assertNotIn("error", reply)
+        finally:
+            stop.set()
+            flipper.join()
+            if os.path.exists(target):
+                os.remove(target)
+        with open(self.secret, "rb") as fh:
+            self.assertFalse(store_holds(self.store, fh.read()),
+                             "a file outside the workspace was stored through a symlink")
 
 
 if __name__ == "__main__":
