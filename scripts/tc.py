@@ -39,6 +39,7 @@ import functools
 import gc
 import hashlib
 import json
+import operator
 import os
 import re
 import secrets
@@ -1608,6 +1609,107 @@ def manifest_entry(kind, sha, size, mode, mtime_ns=0):
     return (kind, sha, size, mode, mtime_ns if kind == KIND_SENSITIVE else 0)
 
 
+# Record shapes. Every record read from the store is checked before it is
+# used, so a damaged or hand-edited file is reported by name (StoreCorrupt)
+# instead of failing somewhere later.
+
+def _whole(value):
+    return type(value) is int and value >= 0
+
+
+def _text(value):
+    return type(value) is str
+
+
+def _texts(value):
+    return type(value) is list and all(type(item) is str for item in value)
+
+
+_HEX_DIGITS = b"0123456789abcdef"
+_SHA_FORMS = {(KIND_SENSITIVE, type(None)), (KIND_FILE, str), (KIND_BIG, str)}
+_KIND_AT = {5: operator.itemgetter(0), 8: operator.itemgetter(6)}
+_SHA_AT = {5: operator.itemgetter(1), 8: operator.itemgetter(7)}
+
+
+def hex_names(names):
+    """True when every item is a 64-character lowercase hex string (checked
+    for a whole table at once: these tables have a row per file)."""
+    if set(map(len, names)) - {64}:
+        return False
+    joined = "".join(names)
+    return joined.isascii() and not joined.encode("ascii").translate(None, _HEX_DIGITS)
+
+
+def _whole_column(rows, at, top=None):
+    values = list(map(operator.itemgetter(at), rows))
+    return (not values or set(map(type, values)) == {int} and min(values) >= 0
+            and (top is None or max(values) <= top))
+
+
+def entries_ok(rows, width):
+    """Manifest entries ([kind, sha, size, mode, mtime_ns], width 5) or index
+    rows ([size, mtime, ctime, ino, dev, mode, kind, sha], width 8) as stored:
+    lists of that width, a sha of the right form for the kind (a content
+    name: it becomes a path in the store), sizes and modes whole numbers."""
+    rows = list(rows)
+    if set(map(type, rows)) - {list} or set(map(len, rows)) - {width}:
+        return False
+    shas = list(map(_SHA_AT[width], rows))
+    if not set(zip(map(_KIND_AT[width], rows), map(type, shas))) <= _SHA_FORMS:
+        return False
+    size_at, mode_at = (2, 3) if width == 5 else (0, 5)
+    return (hex_names([sha for sha in shas if sha is not None])
+            and _whole_column(rows, size_at) and _whole_column(rows, mode_at, 0o7777))
+
+
+STATE_SHAPE = ({"task_id": _text, "name": _text, "goal": _text, "constraints": _text,
+                "root": _text, "status": lambda v: v in ("open", "suspended", "closed"),
+                "exclude": _texts, "head": _whole, "last_step": _whole, "last_drift": _whole,
+                "last_manifest": _whole},
+               {"head_manifest": _whole, "index_manifest": _whole, "created": _text,
+                "updated": _text})
+STEP_SHAPE = ({"index": lambda v: _whole(v) and v >= 1, "title": _text, "manifest": _whole},
+              {"description": _text, "conclusion": _text, "next": _text, "verified": _texts,
+               "open_questions": _texts, "drift_id": lambda v: v is None or _text(v),
+               "groups": lambda v: type(v) is list, "created": _text, "created_ns": _whole})
+DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
+                "modified": _texts, "deleted": _texts, "created_ns": _whole},
+               {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
+                "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
+                "reason": lambda v: v is None or _text(v), "created": _text})
+MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
+                  {"n": _whole, "depth": _whole, "base": _whole,
+                   "files": lambda v: type(v) is dict and entries_ok(v.values(), 5),
+                   "changes": lambda v: type(v) is dict and entries_ok(
+                       filter(None, v.values()), 5)})
+
+
+def shape_problem(doc, shape):
+    """None when doc is an object whose fields fit shape (required, optional);
+    otherwise what does not fit, in a few words."""
+    if type(doc) is not dict:
+        return "not a JSON object"
+    required, optional = shape
+    for key, fits in required.items():
+        if key not in doc:
+            return "%s is missing" % key
+        if not fits(doc[key]):
+            return "%s has the wrong form" % key
+    for key, fits in optional.items():
+        if key in doc and not fits(doc[key]):
+            return "%s has the wrong form" % key
+    return None
+
+
+def checked_record(doc, shape, path):
+    """doc when it fits shape; otherwise StoreCorrupt naming the file."""
+    problem = shape_problem(doc, shape)
+    if problem is not None:
+        raise StoreCorrupt("store file %r is damaged (%s); restore it from a backup or "
+                           "remove the task" % (path, problem))
+    return doc
+
+
 class ManifestLog:
     """manifest/mNNNN.json of one task; loads full maps with a small cache."""
 
@@ -1628,12 +1730,17 @@ class ManifestLog:
         cached = self._cache.get(number)
         if cached is not None:
             return cached
+        path = self.path(number)
         try:
-            doc = read_json(self.path(number))
+            doc = checked_record(read_json(path), MANIFEST_SHAPE, path)
         except FileNotFoundError:
-            raise StoreCorrupt("manifest %r is missing; the store is damaged"
-                               % self.path(number)) from None
-        if doc.get("full"):
+            raise StoreCorrupt("manifest %r is missing; the store is damaged" % path) from None
+        part = "files" if doc["full"] else "changes"
+        if part not in doc or not (doc["full"] or doc.get("base", number) < number):
+            raise StoreCorrupt("store file %r is damaged (no %s); restore it from a backup "
+                               "or remove the task" % (path, "files" if doc["full"] else
+                                                       "base before it"))
+        if doc["full"]:
             result = {p: tuple(e) for p, e in doc["files"].items()}
         else:
             result = dict(self.load(doc["base"]))
@@ -1742,7 +1849,7 @@ class TaskRecords:
 
     def read_state(self):
         try:
-            return read_json(self.state_path)
+            return checked_record(read_json(self.state_path), STATE_SHAPE, self.state_path)
         except FileNotFoundError:
             raise NotFound("task %r does not exist in this store" % self.task_id) from None
 
@@ -1767,15 +1874,17 @@ class TaskRecords:
         fsync_dir(os.path.dirname(self.state_path))
 
     def read_step(self, index):
+        path = self.step_path(index)
         try:
-            return read_json(self.step_path(index))
+            return checked_record(read_json(path), STEP_SHAPE, path)
         except FileNotFoundError:
             raise NotFound("task %r has no step %d" % (self.task_id, index)) from None
 
     def read_drift(self, drift_id):
         number = int(drift_id[1:])
+        path = self.drift_path(number)
         try:
-            return read_json(self.drift_path(number))
+            return checked_record(read_json(path), DRIFT_SHAPE, path)
         except FileNotFoundError:
             raise NotFound("task %r has no drift record %r" % (self.task_id, drift_id)) from None
 
@@ -1826,6 +1935,10 @@ class TaskRecords:
             return {"stamp_ns": 0, "files": {}}
         if key[1] is not None:
             self._apply_index_log(doc)
+        if type(doc.get("stamp_ns", 0)) is not int or not entries_ok(doc["files"].values(), 8):
+            # Only a stat cache: without it every file is read again.
+            self.index_error = "index %r is damaged" % self.index_path
+            return {"stamp_ns": 0, "files": {}}
         self.index_error = None
         self._index_cache = (key, doc)
         return doc
@@ -3675,9 +3788,17 @@ class Store:
         return os.path.join(self.directory, "current.json")
 
     def read_current(self):
-        doc = read_json_or(self.current_path, None) or {}
-        active = doc.get("active")
-        return dict(active) if isinstance(active, dict) else {}
+        doc = read_json_or(self.current_path, None)
+        if doc is None:
+            return {}
+        active = doc.get("active") if type(doc) is dict else None
+        if type(active) is not dict or not all(
+                type(k) is str and type(v) is str for k, v in active.items()):
+            raise StoreCorrupt("store file %r (which task each workspace has active) is "
+                               "damaged; delete it, then tc_switch to the task you want "
+                               "(the task ids are the folders under %r)"
+                               % (self.current_path, os.path.join(self.directory, "tasks")))
+        return dict(active)
 
     def write_current(self, active):
         write_record(self.current_path, {"format": 1, "active": active})
@@ -4053,10 +4174,11 @@ class Checkpoints:
             return lambda row, info: row[0] == info[0] and row[1] == info[1]
         if not STAT_CACHE_SUPPORTED:
             return None
-        return lambda row, info: (row[1] < stamp_ns and row[2] < stamp_ns
-                                  and row[0] == info[0] and row[1] == info[1]
-                                  and row[2] == info[2] and row[3] == info[3]
-                                  and row[4] == info[4])
+        # Equal to the stat first: the time comparisons then compare numbers.
+        return lambda row, info: (row[1] == info[1] and row[2] == info[2]
+                                  and row[0] == info[0] and row[3] == info[3]
+                                  and row[4] == info[4] and row[1] < stamp_ns
+                                  and row[2] < stamp_ns)
 
     @gc_paused
     def _snapshot(self, ws, *, store_content, strict=False):

@@ -243,6 +243,65 @@ class StoreTests(WorkspaceTest):
         srv.ok("tc_init", root=self.root, name="lookalike")
         self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
 
+    def test_a_damaged_record_is_named_not_an_internal_error(self):
+        self.write("a.txt", "one\n")
+        srv = self.server()
+        task_id = srv.ok("tc_init", root=self.root, name="damaged")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "two\n")
+        srv.ok("tc_capture", root=self.root)
+        srv.ok("tc_save", root=self.root, title="two")
+        srv.close()
+        task = os.path.join(self.store, "tasks", task_id)
+
+        def edit(rel, change):
+            path = os.path.join(self.store, rel)
+            with open(path, "rb") as fh:
+                doc = json.loads(fh.read())
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(change(doc), fh)
+
+        def manifest_of_step_one(doc):
+            table = doc.get("files") or doc.get("changes")
+            table[sorted(table)[0]] = ["f", "../../../outside", 4, 420, 0]
+            return doc
+
+        step_one = json.loads(read(task, "steps/s0001.json"))
+        cases = [
+            ("state.json", lambda d: dict(d, head="two"), "tc_show", {}),
+            ("steps/s0002.json", lambda d: [], "tc_show", {"index": 2}),
+            ("manifest/m%04d.json" % step_one["manifest"], manifest_of_step_one,
+             "tc_restore", {"index": 1}),
+            ("drifts/d0002.json", lambda d: dict(d, created_ns=None), "tc_compress",
+             {"keep_seconds": 0}),
+            ("../../current.json", lambda d: {"format": 1, "active": 42}, "tc_resume", {}),
+        ]
+        for rel, change, tool, args in cases:
+            with self.subTest(record=rel):
+                path = os.path.join(task, rel)
+                with open(path, "rb") as fh:
+                    good = fh.read()
+                edit(os.path.relpath(path, self.store), change)
+                srv = self.server()
+                res = srv.call(tool, root=self.root, **args)
+                self.assertTrue(res.is_error, res)
+                self.assertIn(os.path.basename(rel), res.text)
+                self.assertNotIn("internal error", res.text)
+                with open(path, "wb") as fh:
+                    fh.write(good)
+                self.assertFalse(srv.call(tool, root=self.root, **args).is_error)
+                srv.close()
+        # The index is only a cache: a damaged row means reading files again.
+        rows = json.loads(read(task, "index.json"))
+        rows["files"]["b.txt"] = rows["files"]["a.txt"][:7] + ["../a"]
+        with open(os.path.join(task, "index.json"), "w", encoding="utf-8") as fh:
+            json.dump(rows, fh)
+        srv = self.server()
+        health = srv.ok("tc_resume", root=self.root)["health"]
+        self.assertIn("index", " ".join(health["errors"]))
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="three")["index"], 3)
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+
     def test_a_store_is_refused_as_a_workspace(self):
         srv = self.server()
         srv.ok("tc_init", root=self.root, name="outer")
