@@ -274,6 +274,30 @@ TOOL_SPECS = {
 # Argument validation against the input schemas
 # ---------------------------------------------------------------------------
 
+# What a client may show or decide before calling a tool: (title, reads only,
+# may overwrite or delete what it cannot give back by itself, same effect
+# when repeated). A restore or an import overwrites workspace files (its
+# recovered record undoes it); compress deletes stored content for good.
+TOOL_HINTS = {
+    "tc_init": ("Start a task", False, False, False),
+    "tc_switch": ("Return to a suspended task", False, False, True),
+    "tc_save": ("Save a finished step", False, False, False),
+    "tc_capture": ("Record file changes now", False, False, True),
+    "tc_show": ("List steps and drift records", True, False, True),
+    "tc_restore": ("Restore a step or a drift record", False, True, False),
+    "tc_resume": ("Pick the task up", True, False, True),
+    "tc_export": ("Write a handoff package", False, False, False),
+    "tc_import": ("Continue a task from a handoff package", False, True, False),
+    "tc_compress": ("Reclaim space from old drift records", False, True, False),
+}
+
+
+def tool_annotations(name):
+    title, read_only, destructive, idempotent = TOOL_HINTS[name]
+    return {"title": title, "readOnlyHint": read_only, "destructiveHint": destructive,
+            "idempotentHint": idempotent, "openWorldHint": False}
+
+
 JSON_TYPES = {"string": str, "boolean": bool, "array": list, "object": dict}
 
 
@@ -484,8 +508,10 @@ class Server:
                                 "next; preview tc_restore with apply: false before apply: true."}
 
     def tools_list(self, params):
-        return {"tools": [{"name": name, "description": spec["description"],
-                           "inputSchema": spec["input"], "outputSchema": spec["output"]}
+        return {"tools": [{"name": name, "title": TOOL_HINTS[name][0],
+                           "description": spec["description"],
+                           "inputSchema": spec["input"], "outputSchema": spec["output"],
+                           "annotations": tool_annotations(name)}
                           for name, spec in TOOL_SPECS.items()]}
 
     def tools_call(self, params):

@@ -264,6 +264,23 @@ class ToolsListTest(ProtocolTest):
                 self.assertIsInstance(out.get("properties"), dict)
                 self.assertTrue(out["properties"])
 
+    def test_titles_and_hints(self):
+        tools = {tool["name"]: tool for tool in
+                 self.server().request("tools/list", {})["result"]["tools"]}
+        for name, tool in tools.items():
+            with self.subTest(tool=name):
+                hints = tool["annotations"]
+                self.assertEqual(hints["title"], tool["title"])
+                self.assertTrue(tool["title"].strip())
+                for key in ("readOnlyHint", "destructiveHint", "idempotentHint",
+                            "openWorldHint"):
+                    self.assertIsInstance(hints[key], bool)
+                self.assertIs(hints["openWorldHint"], False)
+        self.assertEqual({n for n, t in tools.items() if t["annotations"]["readOnlyHint"]},
+                         {"tc_show", "tc_resume"})
+        self.assertEqual({n for n, t in tools.items() if t["annotations"]["destructiveHint"]},
+                         {"tc_restore", "tc_import", "tc_compress"})
+
     def test_tools_list_without_params(self):
         srv = self.server()
         reply = srv.request("tools/list")
