@@ -950,6 +950,9 @@ def open_regular(path, *, follow=False):
     if not stat_mod.S_ISREG(st.st_mode):
         fh.close()
         raise OSError(errno.EINVAL, "not a regular file", path)
+    if NO_BLOCK and hasattr(os, "set_blocking"):
+        # A regular file: reads as usual (no file system may answer "try again").
+        os.set_blocking(fh.fd, True)
     return fh, st
 
 
