@@ -4841,7 +4841,8 @@ class Checkpoints:
             entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state(state)
-            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": rows})
+            ws.records.write_index(self._index_after_writes(
+                ws, rows, set(plan["to_write"]) | set(plan["to_replace"]), snap.stamp_ns))
         except BaseException as exc:
             self._undo(journal, "restore", exc)
         journal.finish()
@@ -4899,6 +4900,26 @@ class Checkpoints:
             payloads.copy_out(sha, tmp, mode)
             os.replace(tmp, full)
             return os.lstat(full)  # the rename moved the ctime
+
+    @staticmethod
+    def _index_after_writes(ws, rows, written, scanned_ns):
+        """The index to keep after a restore or an import wrote the files in
+        written (their rows hold the stat taken after the last change).
+
+        Its stamp is read now, after those writes, so a written file whose
+        times are older than the stamp is trusted by the next scan like any
+        file recorded before its index was written, instead of being read
+        back. A row the scan before the writes could not trust (a time at or
+        after scanned_ns, the stamp of that scan) must not turn trusted under
+        the later stamp: its ctime becomes one no file has, so the next scan
+        reads that file."""
+        stamp = ws.store.clock_stamp(ws.root)
+        settled = {}
+        for rel, row in rows.items():
+            if rel not in written and (row[1] >= scanned_ns or row[2] >= scanned_ns):
+                row = row[:2] + [-1] + row[3:]
+            settled[rel] = row
+        return {"stamp_ns": stamp, "files": settled}
 
     @staticmethod
     def _rows_after_restore(snap, target, plan, stats):
@@ -5260,7 +5281,8 @@ class Checkpoints:
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import")["id"]
-        ws.records.write_index({"stamp_ns": pre.stamp_ns, "files": rows}, whole=True)
+        ws.records.write_index(self._index_after_writes(
+            ws, rows, {item["path"] for item in desc["files"]}, pre.stamp_ns), whole=True)
         ws.records.write_state(state)
         active = ws.store.read_current()
         self._suspend(ws.store, active.get(ws.root))
