@@ -270,10 +270,6 @@ TOOL_SPECS = {
 }
 
 
-# ---------------------------------------------------------------------------
-# Argument validation against the input schemas
-# ---------------------------------------------------------------------------
-
 # What a client may show or decide before calling a tool: (title, reads only,
 # may overwrite or delete what it cannot give back by itself, same effect
 # when repeated). A restore or an import overwrites workspace files (its
@@ -297,6 +293,10 @@ def tool_annotations(name):
     return {"title": title, "readOnlyHint": read_only, "destructiveHint": destructive,
             "idempotentHint": idempotent, "openWorldHint": False}
 
+
+# ---------------------------------------------------------------------------
+# Argument validation against the input schemas
+# ---------------------------------------------------------------------------
 
 JSON_TYPES = {"string": str, "boolean": bool, "array": list, "object": dict}
 
