@@ -392,52 +392,6 @@ class KillDuringRestore(CrashTest):
                             "%s: step %d does not restore byte-exact" % (self.seed_note, index))
 
 
-class KillDuringExport(CrashTest):
-
-    def check_package(self, path, note):
-        """A package under its final name is whole: description, HANDOFF.md,
-        every listed file with its bytes."""
-        with open(os.path.join(path, "handoff.json"), "rb") as fh:
-            desc = json.loads(fh.read().decode("utf-8"))
-        self.assertTrue(os.path.isfile(os.path.join(path, "HANDOFF.md")), note)
-        for item in desc["files"]:
-            with open(os.path.join(path, "files", *item["path"].split("/")), "rb") as fh:
-                self.assertEqual(hashlib.sha256(fh.read()).hexdigest(), item["sha256"],
-                                 (note, item["path"]))
-
-    def test_sigkill_during_export_never_leaves_half_a_package(self):
-        fill_workspace(self.root, self.rng, files=200, big=3)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="crash during export")
-        srv.ok("tc_save", **self.save_args("one"))
-        timing = os.path.join(self.tmp, "timing")
-        os.makedirs(timing)
-        started = time.monotonic()
-        srv.ok("tc_export", root=self.root, to=timing, history=True)
-        took = max(time.monotonic() - started, 0.05)
-        for round_no in range(4):
-            out = os.path.join(self.tmp, "out%d" % round_no)
-            os.makedirs(out)
-            request_id = send(srv, "tc_export", root=self.root, to=out, history=True)
-            delay = self.rng.uniform(0, took * 2)
-            time.sleep(delay)
-            answer = kill_and_collect(srv, request_id)
-            note = "%s round %d delay %.3f" % (self.seed_note, round_no, delay)
-            finished = [name for name in os.listdir(out) if not name.startswith(".")]
-            if answer is not None:
-                self.assertNotIn("error", answer, note)
-                self.assertEqual(len(finished), 1, (note, os.listdir(out)))
-            for name in finished:
-                self.check_package(os.path.join(out, name), note)
-            srv = self.server()
-            self.check_store(srv)
-            if not finished:  # the next export into the same folder clears what died
-                path = srv.ok("tc_export", root=self.root, to=out, history=True)["path"]
-                self.assertEqual(os.listdir(out), [os.path.basename(path)], note)
-                self.check_package(path, note)
-        srv.close()
-
-
 def differing(one, other):
     keys = set(one) | set(other)
     return sum(1 for key in keys if one.get(key) != other.get(key))

@@ -622,6 +622,8 @@ class InterruptedTest(HandoffBase):
                 else:
                     self.assertFalse(res.is_error, "%s: retry failed: %s" % (why, res.text))
                     self.assertEqual(package_files(res["path"]), expected, why)
+                    # The dead export's temporary package is cleared by the retry.
+                    self.assertEqual(os.listdir(out), [os.path.basename(res["path"])], why)
 
     def check_after_restart(self, target, package, task_id, before, complete, why):
         """After a restart the first call sees a complete import or none; a retry works."""
