@@ -6,13 +6,19 @@ index recorded them (os.utime with nanoseconds, `cp -p`, `touch -r`, a rename
 over the file, an edit in the same clock tick as the save), then checks that
 tc_save makes a new, non-idempotent step whose content restores byte for byte,
 and, in a separate workspace, that tc_capture lists the file as modified.
+It also checks the other side: the cache does work (nothing unchanged is read
+again, nor what a restore or an import has just written).
 """
 
 import os
 import subprocess
+import sys
 import unittest
 
-from support import WorkspaceTest, drift_key, drift_paths
+from support import SCRIPTS, WorkspaceTest, drift_key, drift_paths
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 ORIGINAL = b"original content: 0123456789abcdef\n"
 EDITED = b"edited!! content: fedcba9876543210\n"
@@ -163,6 +169,30 @@ class StatCacheTest(WorkspaceTest):
                 self.srv.ok("tc_restore", root=root, index=saved["index"], apply=True)
                 with open(path, "rb") as fh:
                     self.assertTrue(fh.read().startswith(b"EDIT %d" % round_no), round_no)
+
+    def test_rows_the_scan_before_a_restore_could_not_vouch_for_stay_unvouched(self):
+        # The index a restore keeps is dated after its writes. A file the scan
+        # before them saw with a time at or after that scan's stamp (changed
+        # while it ran) must still be read next time, not trusted under the
+        # later date; the restore's own files and older rows are kept as they are.
+        store = tc.Store(os.path.join(self.tmp, "store"), lambda message: None)
+        os.makedirs(store.directory)
+        ws = tc.Workspace(self.tmp, store)
+        scanned = 10**18
+        sha = "ab" * 32
+        rows = {"old.txt": [3, scanned - 5, scanned - 5, 11, 1, 0o644, "f", sha],
+                "busy.txt": [3, scanned - 5, scanned + 5, 12, 1, 0o644, "f", sha],
+                "written.txt": [3, scanned + 7, scanned + 7, 13, 1, 0o644, "f", sha]}
+        before = tc.time.time_ns()
+        index = tc.Checkpoints._index_after_writes(ws, rows, {"written.txt"}, scanned)
+        self.assertGreaterEqual(index["stamp_ns"], before - tc.RACY_MARGIN_NS)
+        self.assertEqual(index["files"]["old.txt"], rows["old.txt"])
+        self.assertEqual(index["files"]["written.txt"], rows["written.txt"])
+        busy = index["files"]["busy.txt"]
+        self.assertEqual(busy[:2] + busy[3:], rows["busy.txt"][:2] + rows["busy.txt"][3:])
+        trusted = tc.Checkpoints(tc.Config(watch=False))._trust_test(index["stamp_ns"], True)
+        info = tc.StatInfo(3, scanned - 5, scanned + 5, 12, 1, 0o644, False)
+        self.assertFalse(trusted(busy, info), "a row changed during the scan became trusted")
 
     def test_index_changes_are_appended_and_read_back_by_a_new_server(self):
         root = self.make_tree("log", files=60, dirs=3)
