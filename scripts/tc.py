@@ -2804,6 +2804,11 @@ SPLIT_HASHING = 256
 _REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+$")
 
 
+# A git process that runs this long is stopped (a hung network mount under
+# .git, say): the save stands, without its ref, instead of waiting forever.
+GIT_TIMEOUT = 300
+
+
 class GitCommandFailed(Exception):
     """A git process could not run or exited non-zero; the text says which and why."""
 
@@ -3365,9 +3370,12 @@ class _GitRunner:
             proc = subprocess.run(argv, cwd=cwd or self.root, env=env or self.env,
                                   input=input, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, stdin=None if input is not None
-                                  else subprocess.DEVNULL)
+                                  else subprocess.DEVNULL, timeout=GIT_TIMEOUT)
         except FileNotFoundError:
             raise GitCommandFailed("git executable not found on PATH", missing=True)
+        except subprocess.TimeoutExpired:
+            raise GitCommandFailed("git %s did not finish within %d s and was stopped"
+                                   % (args[0], GIT_TIMEOUT))
         except OSError as exc:
             raise GitCommandFailed("cannot run git: %s" % exc)
         if proc.returncode not in ok_codes:

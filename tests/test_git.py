@@ -11,6 +11,8 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
+import time
 import unittest
 
 import support
@@ -409,6 +411,25 @@ class RefusalsAndFailuresTest(GitCase):
         self.assertIsNone(result["git"]["ref"])
         self.assertTrue(result["git"]["reason"], result["git"])
         self.assertEqual(checkpoint_refs(self.root), [])
+
+    def test_a_git_that_never_finishes_is_stopped(self):
+        # A git stuck on a dead mount under .git: stopped after GIT_TIMEOUT
+        # with a reason, not waited for forever.
+        sys.path.insert(0, support.SCRIPTS)
+        import tc
+        fake_bin = os.path.join(self.tmp, "hung-bin")
+        os.makedirs(fake_bin)
+        write(fake_bin, "git", "#!/bin/sh\nexec %s 60\n" % shutil.which("sleep"), mode=0o755)
+        runner = tc._GitRunner(self.root, os.path.join(self.tmp, "store"),
+                               dict(os.environ, PATH=fake_bin))
+        saved = tc.GIT_TIMEOUT
+        tc.GIT_TIMEOUT = 0.5
+        self.addCleanup(setattr, tc, "GIT_TIMEOUT", saved)
+        started = time.monotonic()
+        with self.assertRaises(tc.GitCommandFailed) as caught:
+            runner.run(["rev-parse", "--git-dir"])
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertIn("did not finish", str(caught.exception))
 
     def test_big_file_is_not_in_the_tree(self):
         make_git_repo(self.root)
