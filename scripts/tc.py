@@ -104,6 +104,8 @@ CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf",
                    ".config", ".properties", ".xml", ".txt", ".env", ".envrc",
                    ".cnf", ".sh", ".ps1", ".bat", ".cmd", ".sql", ".php")
 
+CONFIG_SUFFIX_SET = frozenset(CONFIG_SUFFIXES)
+
 TRUE_WORDS = {"1", "on", "true", "yes"}
 FALSE_WORDS = {"0", "off", "false", "no"}
 PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -690,7 +692,46 @@ def compile_globs(patterns):
     return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
-SENSITIVE_FILES_RE = compile_globs(SENSITIVE_FILES)
+class GlobSet:
+    """Whole names matched against glob patterns, by fnmatch's rules (case as
+    given). The usual shapes are answered without a regex: an exact name,
+    "*suffix" and "prefix*" by set and tuple lookups; only the other patterns
+    go through one regex. A workspace has thousands of distinct names and a
+    new server classifies each once, so this is most of a first scan."""
+
+    __slots__ = ("exact", "suffixes", "prefixes", "inner", "regex")
+
+    def __init__(self, patterns):
+        exact, suffixes, prefixes, inner, other = set(), [], [], [], []
+        for pattern in patterns:
+            if len(pattern) > 1 and pattern[0] == pattern[-1] == "*":
+                body, kind = pattern[1:-1], inner
+            elif pattern.startswith("*"):
+                body, kind = pattern[1:], suffixes
+            elif pattern.endswith("*"):
+                body, kind = pattern[:-1], prefixes
+            else:
+                body, kind = pattern, None
+            if any(c in body for c in "*?["):
+                other.append(pattern)
+            elif kind is None:
+                exact.add(pattern)
+            else:
+                kind.append(body)
+        self.exact = frozenset(exact)
+        self.suffixes = tuple(suffixes)
+        self.prefixes = tuple(prefixes)
+        self.inner = tuple(inner)
+        self.regex = compile_globs(other) if other else None
+
+    def match(self, name):
+        return (name in self.exact or name.endswith(self.suffixes)
+                or name.startswith(self.prefixes)
+                or (self.inner and any(part in name for part in self.inner))
+                or (self.regex is not None and self.regex.match(name) is not None))
+
+
+SENSITIVE_FILES_GLOBS = GlobSet(SENSITIVE_FILES)
 
 
 def _split_ext(name):
@@ -712,7 +753,7 @@ class PathPolicy:
     def __init__(self, exclude=(), store_rel=None):
         self.exclude = tuple(exclude)
         self.store_rel = store_rel
-        self._excluded_re = compile_globs(ALWAYS_EXCLUDED + self.exclude)
+        self._excluded = GlobSet(ALWAYS_EXCLUDED + self.exclude)
         self._excluded_cache = {}
         self._sensitive_dir_cache = {}
         self._sensitive_file_cache = {}
@@ -737,7 +778,7 @@ class PathPolicy:
     def excluded_name(self, name):
         hit = self._excluded_cache.get(name)
         if hit is None:
-            hit = self._excluded_re.match(name) is not None
+            hit = self._excluded.match(name)
             self._excluded_cache[name] = hit
         return hit
 
@@ -758,13 +799,13 @@ class PathPolicy:
 
     @staticmethod
     def _classify_file(low):
-        if SENSITIVE_FILES_RE.match(low):
+        if SENSITIVE_FILES_GLOBS.match(low):
             return True
         stem, ext = _split_ext(low)
-        for prefix in SENSITIVE_PREFIXES:
-            if low.startswith(prefix) and (ext == "" or ext in CONFIG_SUFFIXES):
-                return True
-        if ext in CONFIG_SUFFIXES and any(s in stem for s in AMBIGUOUS_SUBSTRINGS):
+        config = ext in CONFIG_SUFFIX_SET
+        if (config or ext == "") and low.startswith(SENSITIVE_PREFIXES):
+            return True
+        if config and any(s in stem for s in AMBIGUOUS_SUBSTRINGS):
             return True
         if ext == "" and any(s in low for s in EXTENSIONLESS_SUBSTRINGS):
             return True

@@ -196,5 +196,39 @@ class NotSensitiveTest(TableMixin, unittest.TestCase):
         self.assertFalse(pol.sensitive("src/main.py"))
 
 
+class GlobSetTest(unittest.TestCase):
+    """The name matcher answers exactly as fnmatch's whole-name regex would,
+    for the built-in lists and for patterns of every shape a user may give."""
+
+    PATTERN_SETS = (
+        tc.ALWAYS_EXCLUDED, tc.SENSITIVE_FILES,
+        ("*", "**", "*.*", "a*", "*b", "*c*", "d?e", "[xy]z", "[!q]r", "lit", "*.log",
+         "x*.y", "*a.b*", "?", "tmp*", "*~", "a[", "é*"),
+    )
+
+    def test_same_answers_as_the_regex(self):
+        import random
+        rng = random.Random(7)
+        for patterns in self.PATTERN_SETS:
+            pieces = sorted({part for p in patterns
+                             for part in p.replace("?", "*").replace("[", "*")
+                             .replace("]", "*").replace("!", "*").split("*") if part})
+            pieces += ["", ".", "x", "Q", "-", "*", "?", "a.b", "é", "\n"]
+            fast, regex = tc.GlobSet(patterns), tc.compile_globs(patterns)
+            wrong = []
+            for _ in range(20000):
+                name = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 4))) or "n"
+                if fast.match(name) != (regex.match(name) is not None):
+                    wrong.append(name)
+            self.assertEqual(wrong[:10], [], patterns[:4])
+
+    def test_matches_whole_names_only(self):
+        fast = tc.GlobSet(("*.log", "tmp*", "*cache*", "exact", "a?c"))
+        for name in ("x.log", "tmp", "tmpdir", "mycaches", "cache", "exact", "abc"):
+            self.assertTrue(fast.match(name), name)
+        for name in ("x.log.txt", "atmp", "exactly", "xexact", "abcd", "ac", "cach"):
+            self.assertFalse(fast.match(name), name)
+
+
 if __name__ == "__main__":
     unittest.main()
