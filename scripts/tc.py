@@ -3731,15 +3731,16 @@ def load_package(package):
 
 
 def _check_step(step, where):
-    """A step record from a package: a dict with a positive whole index."""
+    """A step record from a package: the fields a stored step has (its
+    manifest number is given on import), so the store it lands in reads it."""
     if not isinstance(step, dict):
         raise InvalidArgument("%s is not a step record" % where)
     index = step.get("index")
     if not isinstance(index, int) or isinstance(index, bool) or index < 1:
         raise InvalidArgument("%s has no valid step number (got %r)" % (where, index))
-    for key in ("title", "conclusion", "next", "description"):
-        if step.get(key) is not None and not isinstance(step[key], str):
-            raise InvalidArgument("%s has a %s that is not text" % (where, key))
+    problem = shape_problem(dict(step, manifest=0), STEP_SHAPE)
+    if problem is not None:
+        raise InvalidArgument("%s is malformed (%s)" % (where, problem))
 
 
 def _check_description(package, desc, listing):
@@ -3765,17 +3766,19 @@ def _check_description(package, desc, listing):
         if rel in seen:
             raise InvalidArgument("the package lists %r twice" % rel)
         seen.add(rel)
-        if not (isinstance(item["mode"], int) and isinstance(item["sha256"], str)):
+        if not (_whole(item["mode"]) and _whole(item["size"])
+                and type(item["sha256"]) is str and _SHA256.match(item["sha256"])):
             raise InvalidArgument("the package entry %r is malformed" % rel)
         # Its bytes are checked against sha256 while they are copied in; a
         # mismatch fails the import, whose journal then undoes it.
         package_entry(package, listing, "files/" + rel)
     for entry in desc.get("history") or []:
         _check_step(entry["step"], "a step in the package's history")
-        for rel, value in entry["files"].items():
+        for rel in entry["files"]:
             normalize_rel(rel)
-            if len(value) != 5 or value[0] not in (KIND_FILE, KIND_SENSITIVE, KIND_BIG):
-                raise InvalidArgument("the package history entry %r is malformed" % rel)
+        if type(entry["files"]) is not dict or not entries_ok(entry["files"].values(), 5):
+            raise InvalidArgument("the package history of step %d has a malformed file "
+                                  "entry" % entry["step"]["index"])
     for sha in carried_history_shas(package, desc):
         full = package_entry(package, listing, "history/payload/" + sha)
         if hash_file(full)[0] != sha:

@@ -77,6 +77,44 @@ class ImportTests(WorkspaceTest):
                 return
         self.fail("tc_import replaced notes.txt and nothing can bring the old bytes back")
 
+    def test_package_entries_that_would_damage_the_store_are_refused(self):
+        # Whatever a package says ends up in the store's records: a content
+        # name that is a path, a size that is not a number, a history entry of
+        # the wrong form, a step without a title. Each is refused up front.
+        srv = self.server()
+
+        def edited(n, change):
+            pkg = make_package(os.path.join(self.tmp, "bad%d" % n), "bad-%d" % n,
+                               [("a.txt", b"a\n", 0o644)], step={"index": 1, "title": "one"})
+            path = os.path.join(pkg, "handoff.json")
+            with open(path, "rb") as fh:
+                desc = json.loads(fh.read())
+            change(desc)
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(desc, fh)
+            return pkg
+
+        escape = "../../../../" + os.path.basename(self.tmp) + "-escaped"
+        cases = [
+            lambda d: d["files"][0].update(sha256=escape),
+            lambda d: d["files"][0].update(size="1"),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["s", "ab" * 32, 2, 420, 0]}}]),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["f", sha(b"a\n"), -2, 420, 0]}}]),
+            lambda d: d.update(step={"index": 1}),
+            lambda d: d.update(step={"index": 1, "title": "one", "verified": "yes"}),
+        ]
+        for n, change in enumerate(cases):
+            with self.subTest(case=n):
+                res = srv.call("tc_import", root=self.root, package=edited(n, change))
+                self.assertTrue(res.is_error, res)
+                self.assertIn("malformed", res.text)
+                self.assertFalse(os.path.exists(os.path.join(self.store, "tasks", "bad-%d" % n)))
+                self.assertFalse(os.path.exists(self.root + "/a.txt"))
+        self.assertEqual([n for n in os.listdir(os.path.dirname(self.tmp))
+                          if n.endswith("-escaped")], [])
+
     def test_malformed_package_step_is_a_tool_error(self):
         srv = self.server()
         for n, step in enumerate(({"index": "1", "title": "x"}, {"title": "no index"},
