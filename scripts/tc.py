@@ -3779,6 +3779,12 @@ def _check_description(package, desc, listing):
         if type(entry["files"]) is not dict or not entries_ok(entry["files"].values(), 5):
             raise InvalidArgument("the package history of step %d has a malformed file "
                                   "entry" % entry["step"]["index"])
+    numbers = [entry["step"]["index"] for entry in desc.get("history") or []]
+    if len(set(numbers)) != len(numbers):
+        raise InvalidArgument("the package history lists a step twice")
+    if numbers and desc.get("step") is not None and desc["step"]["index"] not in numbers:
+        raise InvalidArgument("the package history lacks its current step %d"
+                              % desc["step"]["index"])
     for sha in carried_history_shas(package, desc):
         full = package_entry(package, listing, "history/payload/" + sha)
         if hash_file(full)[0] != sha:

@@ -104,12 +104,14 @@ class ImportTests(WorkspaceTest):
                                          "files": {"a.txt": ["f", sha(b"a\n"), -2, 420, 0]}}]),
             lambda d: d.update(step={"index": 1}),
             lambda d: d.update(step={"index": 1, "title": "one", "verified": "yes"}),
+            lambda d: d.update(history=[{"step": {"index": 2, "title": "two"}, "files": {}}]),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"}, "files": {}}] * 2),
         ]
         for n, change in enumerate(cases):
             with self.subTest(case=n):
                 res = srv.call("tc_import", root=self.root, package=edited(n, change))
                 self.assertTrue(res.is_error, res)
-                self.assertIn("malformed", res.text)
+                self.assertRegex(res.text, "malformed|twice|lacks")
                 self.assertFalse(os.path.exists(os.path.join(self.store, "tasks", "bad-%d" % n)))
                 self.assertFalse(os.path.exists(self.root + "/a.txt"))
         self.assertEqual([n for n in os.listdir(os.path.dirname(self.tmp))
