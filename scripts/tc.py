@@ -1233,6 +1233,22 @@ def file_system_types_under(directory):
             | {fs_type for point, fs_type in mounts if point.startswith(path)})
 
 
+# Kernel interfaces mounted as folders: their "files" are live state, not
+# work to checkpoint, and writing a store there does harm or fails.
+PSEUDO_FILE_SYSTEMS = frozenset((
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+    "securityfs", "pstore", "bpf", "configfs", "mqueue", "hugetlbfs", "fusectl",
+    "binfmt_misc", "efivarfs", "selinuxfs", "autofs", "rpc_pipefs", "nsfs"))
+
+
+def refuse_pseudo_file_system(root):
+    kind = file_system_type(root)
+    if kind in PSEUDO_FILE_SYSTEMS:
+        raise InvalidArgument("root %r is on the %s file system, where the kernel shows its "
+                              "own state, not files to checkpoint; choose a project "
+                              "directory" % (root, kind))
+
+
 def unwritten_bytes():
     """Bytes the kernel still has to write back, all file systems together
     (Dirty + Writeback in /proc/meminfo); None where that is not known."""
@@ -4368,6 +4384,7 @@ class Checkpoints:
 
     def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
         root = validate_root(root)
+        refuse_pseudo_file_system(root)
         if not isinstance(name, str) or not name.strip():
             raise InvalidArgument("name must be a non-empty string")
         exclude = PathPolicy.check_patterns(exclude)
@@ -5204,6 +5221,7 @@ class Checkpoints:
 
     def import_package(self, root, package):
         root = validate_root(root)
+        refuse_pseudo_file_system(root)
         package = validate_abs_dir(package, "package")
         desc = load_package(package)
         task_id = desc["task"]["task_id"]

@@ -342,6 +342,19 @@ class StoreTests(WorkspaceTest):
         self.assertEqual(srv.ok("tc_save", root=self.root, title="three")["index"], 3)
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
 
+    def test_kernel_pseudo_file_systems_are_refused_as_workspaces(self):
+        srv = self.server()
+        for root in ("/proc", "/sys", "/dev"):
+            if not os.path.isdir(root) or tc.file_system_type(root) not in \
+                    tc.PSEUDO_FILE_SYSTEMS:
+                continue
+            with self.subTest(root=root):
+                existed = os.path.exists(os.path.join(root, ".checkpoints"))
+                res = srv.call("tc_init", root=root, name="kernel")
+                self.assertTrue(res.is_error, res)
+                self.assertIn("file system", res.text)
+                self.assertEqual(os.path.exists(os.path.join(root, ".checkpoints")), existed)
+
     def test_a_store_is_refused_as_a_workspace(self):
         srv = self.server()
         srv.ok("tc_init", root=self.root, name="outer")
