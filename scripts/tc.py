@@ -1722,6 +1722,25 @@ def entries_ok(rows, width):
             and _whole_column(rows, size_at) and _whole_column(rows, mode_at, 0o7777))
 
 
+_DRIVE = re.compile(r"^/[A-Za-z]:", re.M)
+
+
+def rel_paths_ok(paths):
+    """True when every item is a workspace-relative path in its normal form:
+    no leading '/', no empty, '.' or '..' segment, no NUL (and on Windows
+    no backslash or drive letter); checked for a whole table at once."""
+    paths = list(paths)
+    if not paths:
+        return True
+    if set(map(type, paths)) != {str}:
+        return False
+    wrapped = "/" + "/\n/".join(paths) + "/"
+    if "//" in wrapped or "/./" in wrapped or "/../" in wrapped or "\x00" in wrapped:
+        return False
+    # A name like "c:notes" is an ordinary name on POSIX, a drive on Windows.
+    return os.sep != "\\" or not ("\\" in wrapped or _DRIVE.search(wrapped))
+
+
 STATE_SHAPE = ({"task_id": _text, "name": _text, "goal": _text, "constraints": _text,
                 "root": _text, "status": lambda v: v in ("open", "suspended", "closed"),
                 "exclude": _texts, "head": _whole, "last_step": _whole, "last_drift": _whole,
@@ -1739,9 +1758,10 @@ DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                 "reason": lambda v: v is None or _text(v), "created": _text})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
-                   "files": lambda v: type(v) is dict and entries_ok(v.values(), 5),
-                   "changes": lambda v: type(v) is dict and entries_ok(
-                       filter(None, v.values()), 5)})
+                   "files": lambda v: (type(v) is dict and rel_paths_ok(v)
+                                       and entries_ok(v.values(), 5)),
+                   "changes": lambda v: (type(v) is dict and rel_paths_ok(v)
+                                         and entries_ok(filter(None, v.values()), 5))})
 
 
 def shape_problem(doc, shape):

@@ -307,6 +307,15 @@ class StoreTests(WorkspaceTest):
             return doc
 
         step_one = json.loads(read(task, "steps/s0001.json"))
+        step_two = json.loads(read(task, "steps/s0002.json"))
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+
+        def escaping_path(doc):
+            table = doc.get("files") or doc.get("changes")
+            table["../../escaped.txt"] = table[sorted(table)[0]] or ["f", "ab" * 32, 1, 420, 0]
+            return doc
+
         cases = [
             ("state.json", lambda d: dict(d, head="two"), "tc_show", {}),
             ("steps/s0002.json", lambda d: [], "tc_show", {"index": 2}),
@@ -315,6 +324,8 @@ class StoreTests(WorkspaceTest):
             ("drifts/d0002.json", lambda d: dict(d, created_ns=None), "tc_compress",
              {"keep_seconds": 0}),
             ("../../current.json", lambda d: {"format": 1, "active": 42}, "tc_resume", {}),
+            ("manifest/m%04d.json" % step_two["manifest"], escaping_path, "tc_export",
+             {"to": out}),
         ]
         for rel, change, tool, args in cases:
             with self.subTest(record=rel):
@@ -329,7 +340,11 @@ class StoreTests(WorkspaceTest):
                 self.assertNotIn("internal error", res.text)
                 with open(path, "wb") as fh:
                     fh.write(good)
+                for folder in (self.tmp, out):
+                    self.assertFalse(os.path.exists(os.path.join(folder, "escaped.txt")))
                 self.assertFalse(srv.call(tool, root=self.root, **args).is_error)
+                for name in os.listdir(out):
+                    shutil.rmtree(os.path.join(out, name))
                 srv.close()
         # The index is only a cache: a damaged row means reading files again.
         rows = json.loads(read(task, "index.json"))
