@@ -695,8 +695,8 @@ def compile_globs(patterns):
 class GlobSet:
     """Whole names matched against glob patterns, by fnmatch's rules (case as
     given). The usual shapes are answered without a regex: an exact name,
-    "*suffix" and "prefix*" by set and tuple lookups; only the other patterns
-    go through one regex. A workspace has thousands of distinct names and a
+    "*suffix", "prefix*" and "*part*" by set, tuple and substring lookups;
+    only the other patterns go through one regex. A workspace has thousands of distinct names and a
     new server classifies each once, so this is most of a first scan."""
 
     __slots__ = ("exact", "suffixes", "prefixes", "inner", "regex")
