@@ -18,6 +18,12 @@ import unittest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.path.join(REPO, "scripts", "tc_mcp.py")
 SCRIPTS = os.path.join(REPO, "scripts")
+# How the tests start the server. It is standard library only, so it runs
+# without the site module: no site-packages, no .pth files. That keeps any
+# installed package from being picked up by mistake, and skips a start-up
+# cost the suite would otherwise pay for each of its hundreds of servers.
+# (tests/test_packaging.py and tests/test_npm.py start it the ways users do.)
+SERVER_COMMAND = (sys.executable, "-S", SERVER)
 
 # Quiet defaults for tests: no watcher, no git unless a test asks for them.
 BASE_ENV = {
@@ -67,7 +73,7 @@ class Server:
     def __init__(self, env=None, cwd=None, args=(), command=None):
         self.env = clean_env(env)
         self.proc = subprocess.Popen(
-            list(command or [sys.executable, SERVER]) + list(args),
+            list(command or SERVER_COMMAND) + list(args),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=self.env, cwd=cwd or tempfile.gettempdir())
         self._id = 0

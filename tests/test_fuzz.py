@@ -22,7 +22,7 @@ import sys
 import tempfile
 import unittest
 
-from support import SERVER, clean_env
+from support import SERVER_COMMAND, clean_env
 
 SEED = 20261129
 MESSAGES = 400
@@ -43,7 +43,7 @@ class Proc:
     """A server subprocess with non-blocking line reads."""
 
     def __init__(self, cwd, env):
-        self.p = subprocess.Popen([sys.executable, SERVER], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen(list(SERVER_COMMAND), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   cwd=cwd, env=env)
         self.buf = b""

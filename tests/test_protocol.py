@@ -3,7 +3,6 @@
 import json
 import os
 import subprocess
-import sys
 import unittest
 
 import support
@@ -94,7 +93,7 @@ class InitializeTest(ProtocolTest):
     def test_server_info_and_capabilities(self):
         result = self.initialize({"protocolVersion": "2025-06-18", "capabilities": {}})
         self.assertEqual(result["serverInfo"]["name"], "task-checkpoint-mcp")
-        proc = subprocess.run([sys.executable, support.SERVER, "--version"],
+        proc = subprocess.run([*support.SERVER_COMMAND, "--version"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=support.clean_env(), timeout=30)
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -397,7 +396,7 @@ class StreamTest(ProtocolTest):
         data = "".join(json.dumps(r) + "\n" for r in requests).encode("utf-8")
         data += b"garbage\n"
         self.write("src/a.py", "print('hi')\n")
-        proc = subprocess.run([sys.executable, support.SERVER], input=data,
+        proc = subprocess.run(list(support.SERVER_COMMAND), input=data,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=support.clean_env(), cwd=self.tmp, timeout=60)
         lines = proc.stdout.split(b"\n")
