@@ -57,6 +57,8 @@ TEXT_LIMIT = 100_000
 TITLE_LIMIT = 1_000
 PATH_LIMIT = 4_096
 LIST_LIMIT = 1_000
+RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
+DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show (a page holds up to 200 drifts)
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
 
 
@@ -110,6 +112,11 @@ GIT = {"type": "object", "properties": {
     "ok": {"type": "boolean"}, "ref": NULLABLE_STR, "reason": NULLABLE_STR,
     "unchanged": {"type": ["boolean", "null"]}, "error": {"type": "string"}},
     "required": ["ok", "ref", "reason", "unchanged"]}
+OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
+           "description": "How many entries each long list of this result left out (lists "
+                          "stop at %d entries; %d for each drift tc_show lists), by the "
+                          "list's place in the result, e.g. 'drift_paths', 'plan.to_replace', "
+                          "'drifts.d0003.added'." % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT)}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -160,7 +167,7 @@ TOOL_SPECS = {
             "title": {"type": "string"}, "groups": {"type": "array"},
             "skipped_paths": SKIPPED, "idempotent": {"type": "boolean"},
             "closed": {"type": "boolean"}, "status": {"type": "string"},
-            "active_task_changed": {"type": "boolean"}, "git": GIT}),
+            "active_task_changed": {"type": "boolean"}, "git": GIT, "omitted": OMITTED}),
     },
     "tc_capture": {
         "description": "Record file changes on disk now, without waiting for the background "
@@ -170,8 +177,8 @@ TOOL_SPECS = {
             "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
             "drift_id": NULLABLE_STR, "partial": {"type": "boolean"},
             "reads": {"type": "integer"}, "skipped_paths": SKIPPED,
-            "added": STR_LIST, "modified": STR_LIST, "deleted": STR_LIST},
-            ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"]),
+            "added": STR_LIST, "modified": STR_LIST, "deleted": STR_LIST, "omitted": OMITTED},
+            ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths", "omitted"]),
     },
     "tc_show": {
         "description": "List the task's steps (and drift records), newest last, a page at a "
@@ -187,8 +194,8 @@ TOOL_SPECS = {
         "output": s_out({
             "steps": {"type": "array"}, "drifts": {"type": "array"},
             "head": {"type": "integer"}, "next_cursor": {"type": ["integer", "null"]},
-            "task_id": {"type": "string"}, "status": {"type": "string"}},
-            ["steps", "drifts", "head", "next_cursor"]),
+            "task_id": {"type": "string"}, "status": {"type": "string"}, "omitted": OMITTED},
+            ["steps", "drifts", "head", "next_cursor", "omitted"]),
     },
     "tc_restore": {
         "description": "Roll the workspace back (or forward) to a step (index) or a drift "
@@ -203,8 +210,9 @@ TOOL_SPECS = {
         }, ["root"]),
         "output": s_out({
             "applied": {"type": "boolean"}, "recovered": NULLABLE_STR, "plan": PLAN,
-            "skipped_paths": SKIPPED, "head": {"type": "integer"}, "target": {"type": "string"}},
-            ["applied", "recovered", "plan", "skipped_paths"]),
+            "skipped_paths": SKIPPED, "head": {"type": "integer"}, "target": {"type": "string"},
+            "omitted": OMITTED},
+            ["applied", "recovered", "plan", "skipped_paths", "omitted"]),
     },
     "tc_resume": {
         "description": "Read-only: everything a new session needs to continue the task, with a "
@@ -223,9 +231,9 @@ TOOL_SPECS = {
                 "ok": {"type": "boolean"}, "errors": STR_LIST}, "required": ["ok", "errors"]},
             "store": {"type": "string"}, "active_task": NULLABLE_STR, "skipped": SKIPPED,
             "task_id": {"type": "string"}, "name": {"type": "string"},
-            "status": {"type": "string"}},
+            "status": {"type": "string"}, "omitted": OMITTED},
             ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
-             "handoff", "health", "store", "active_task", "skipped"]),
+             "handoff", "health", "store", "active_task", "skipped", "omitted"]),
     },
     "tc_export": {
         "description": "Write a handoff package <task_id>-handoff/ into an existing directory: "
@@ -237,7 +245,8 @@ TOOL_SPECS = {
                         min_length=1),
             "history": s_bool("Include every step so the receiver can restore any of them."),
         }, ["root", "to"]),
-        "output": s_out({"path": {"type": "string"}, "filtered": SKIPPED, "files": STR_LIST}),
+        "output": s_out({"path": {"type": "string"}, "filtered": SKIPPED, "files": STR_LIST,
+                         "omitted": OMITTED}),
     },
     "tc_import": {
         "description": "Continue a task from a handoff package in this workspace: checks the "
@@ -429,6 +438,58 @@ def call_tool(cp, name, a):
     raise KeyError(name)
 
 
+# Clients hand a tool's structured result to the model whole, and refuse or
+# shelve one that is too long. So a list that grows with the workspace stops
+# at RESULT_LIST_LIMIT entries in a result (DRIFT_LIST_LIMIT for each drift
+# that tc_show lists), and "omitted" says how many each cut list left out,
+# named by its place in the result: "drift_paths", "plan.to_replace",
+# "drifts.d0003.added". The store keeps every entry.
+LONG_LISTS = {
+    "tc_save": ("skipped_paths", "groups"),
+    "tc_capture": ("skipped_paths", "added", "modified", "deleted"),
+    "tc_show": (),  # each listed drift's added, modified and deleted (steps come in pages)
+    "tc_restore": ("skipped_paths", "plan.to_delete", "plan.to_write", "plan.to_replace",
+                   "plan.unrestorable"),
+    "tc_resume": ("drift_paths", "skipped"),
+    "tc_export": ("files", "filtered"),
+}
+DRIFT_LISTS = ("added", "modified", "deleted")
+
+
+def bound_lists(name, result):
+    """A copy of a tool's result with its long lists cut and counted."""
+    if name not in LONG_LISTS or not isinstance(result, dict):
+        return result
+    result = dict(result)
+    omitted = {}
+
+    def cut(holder, key, label, limit=RESULT_LIST_LIMIT):
+        values = holder.get(key)
+        if isinstance(values, list) and len(values) > limit:
+            holder[key] = values[:limit]
+            omitted[label] = len(values) - limit
+
+    for label in LONG_LISTS[name]:
+        holder = result
+        *parents, key = label.split(".")
+        for part in parents:
+            child = holder.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            holder[part] = child
+            holder = child
+        cut(holder, key, label)
+    if name == "tc_show" and isinstance(result.get("drifts"), list):
+        drifts = []
+        for view in result["drifts"]:
+            view = dict(view)
+            for key in DRIFT_LISTS:
+                cut(view, key, "drifts.%s.%s" % (view.get("id"), key), DRIFT_LIST_LIMIT)
+            drifts.append(view)
+        result["drifts"] = drifts
+    result["omitted"] = omitted
+    return result
+
+
 def tool_result(payload, *, is_error=False):
     if is_error:
         return {"content": [{"type": "text", "text": payload}], "isError": True}
@@ -546,7 +607,7 @@ class Server:
                                "permissions, a damaged store) and retry."
                                % (name, tc.describe_os_error(exc)), is_error=True)
         self.remember_store(result)
-        return tool_result(result)
+        return tool_result(bound_lists(name, result))
 
     def remember_store(self, result):
         store = result.get("store") if isinstance(result, dict) else None

@@ -792,6 +792,84 @@ class ResumeTest(ToolsTest):
                          [p for p in before if p[0] != "server.log"])
 
 
+# ---------------------------------------------------------------- long lists
+class LongListTest(ToolsTest):
+    """A list that grows with the workspace stops at 100 entries in a result
+    (20 per drift in tc_show), and "omitted" counts the rest; the store keeps all."""
+
+    FILES = 130
+    LINKS = 104
+
+    def test_long_lists_are_cut_and_counted(self):
+        names = ["f%03d.txt" % n for n in range(self.FILES)]
+        for name in names:
+            self.write(name, "one %s\n" % name)
+        links = ["link%03d" % n for n in range(self.LINKS)]
+        for name in links:
+            os.symlink(names[0], os.path.join(self.root, name))
+        self.init()
+        saved = self.save("one")
+        self.assertEqual(saved["omitted"], {"skipped_paths": self.LINKS - 100})
+        shown = [e["path"] for e in saved["skipped_paths"]]
+        self.assertEqual(len(shown), 100)
+        self.assertEqual(len(set(shown)), 100)
+        self.assertLess(set(shown), set(links))
+        for name in names:
+            self.write(name, "two %s, longer\n" % name)
+
+        resumed = self.ok("tc_resume", root=self.root)
+        self.assertEqual(resumed["drift_paths"], names[:100])
+        self.assertEqual(resumed["omitted"], {"drift_paths": self.FILES - 100,
+                                              "skipped": self.LINKS - 100})
+        self.assertIn("(+%d more)" % (self.FILES - 20), resumed["handoff"])
+
+        captured = self.ok("tc_capture", root=self.root)
+        self.assertTrue(captured["captured"])
+        self.assertEqual(captured["modified"], names[:100])
+        self.assertEqual(captured["omitted"], {"modified": self.FILES - 100,
+                                               "skipped_paths": self.LINKS - 100})
+        listed = self.ok("tc_show", root=self.root, include_drift=True)
+        drift = [d for d in listed["drifts"] if d["id"] == captured["drift_id"]][0]
+        self.assertEqual(drift["modified"], names[:20])
+        self.assertEqual(listed["omitted"]["drifts.%s.modified" % captured["drift_id"]],
+                         self.FILES - 20)
+        for label, count in listed["omitted"].items():
+            self.assertRegex(label, r"^drifts\.d\d{4}\.(added|modified|deleted)$")
+            self.assertGreater(count, 0)
+        # The record itself keeps every path.
+        record = os.path.join(self.task_dir(saved["task_id"]), "drifts",
+                              captured["drift_id"] + ".json")
+        with open(record, encoding="utf-8") as fh:
+            self.assertEqual(sorted(json.load(fh)["modified"]), names)
+
+        preview = self.ok("tc_restore", root=self.root, index=1)
+        self.assertEqual(preview["plan"]["to_replace"], names[:100])
+        self.assertEqual(preview["omitted"], {"plan.to_replace": self.FILES - 100,
+                                              "skipped_paths": self.LINKS - 100})
+        applied = self.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual((applied["plan"], applied["omitted"]),
+                         (preview["plan"], preview["omitted"]))
+        for name in names:  # all of them, not just the 100 listed
+            self.assertEqual(self.read(name), b"one %s\n" % name.encode())
+
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        exported = self.ok("tc_export", root=self.root, to=out)
+        self.assertEqual(exported["files"], names[:100])
+        self.assertEqual(exported["omitted"], {"files": self.FILES - 100})
+        with open(os.path.join(exported["path"], "handoff.json"), encoding="utf-8") as fh:
+            self.assertEqual(sorted(f["path"] for f in json.load(fh)["files"]), names)
+
+    def test_short_lists_come_whole(self):
+        self.init()
+        self.write("a.txt", "one\n")
+        self.assertEqual(self.save("one")["omitted"], {})
+        self.write("a.txt", "two\n")
+        resumed = self.ok("tc_resume", root=self.root)
+        self.assertEqual((resumed["drift_paths"], resumed["omitted"]), (["a.txt"], {}))
+        self.assertNotIn("omitted", self.ok("tc_compress", root=self.root))
+
+
 # A file name the atomic writer's temp files would have.
 TEMP_NAME = ".tmp-k3j9x1.part"
 

@@ -756,7 +756,7 @@ class Run:
         ms, results = self._repeat(srv, "resume, ~100 changed", reps, None, "tc_resume",
                                    {"root": root})
         if ms is not None:
-            seen = len(results[-1]["drift_paths"])
+            seen = len(results[-1]["drift_paths"]) + results[-1]["omitted"].get("drift_paths", 0)
             if seen < len(hundred):
                 self.note("resume listed %d drift paths for %d changed files"
                           % (seen, len(hundred)))
@@ -785,10 +785,21 @@ class Run:
                                    {"root": root, "index": 1})
         if ms is None:
             return
-        plan = results[-1]["plan"]
-        existing = sorted(set(plan["to_replace"]) | set(plan["to_delete"]))
-        written = sorted(set(plan["to_replace"]) | set(plan["to_write"]))
-        self.raw["restore_plan"] = {k: len(v) for k, v in plan.items()}
+        # The plan in the result lists at most 100 paths of each kind; the
+        # floors need all of them, so they come from step 1's files and the
+        # workspace's own content (untimed).
+        preview = results[-1]
+        self.raw["restore_plan"] = {k: len(v) + preview["omitted"].get("plan." + k, 0)
+                                    for k, v in preview["plan"].items()}
+        step1 = step_files(srv, root, 1)
+        now = {rel: file_sha(ws.full(rel)) for rel in ws.files()}
+        existing = sorted(rel for rel in now if step1.get(rel) != now[rel])
+        written = sorted(rel for rel in step1 if now.get(rel) != step1[rel])
+        planned = self.raw["restore_plan"]
+        if (len(existing), len(written)) != (planned["to_replace"] + planned["to_delete"],
+                                             planned["to_replace"] + planned["to_write"]):
+            self.note("restore plan %s, but %d files differ from step 1 here and %d of "
+                      "step 1 differ" % (planned, len(existing), len(written)))
         self.change_row("restore preview -> s1 (%d differ)" % len(existing), ms, existing,
                         "restore preview")
         before = {rel: file_sha(ws.full(rel)) for rel in existing}
@@ -891,6 +902,16 @@ class Run:
         self.row("idle watcher tick%s: %.2f s CPU in %.0f s%s"
                  % ("" if events else ", polling", cpu, window, " ~" if approximate else ""),
                  per_tick, "stat walk", self.walk, 2 * self.walk, TARGET_IDLE)
+
+
+def step_files(srv, root, index):
+    """{path: sha256} of a step's files, read from tc_show a page at a time."""
+    files, cursor = {}, 0
+    while cursor is not None:
+        shown, _ms = srv.tool("tc_show", root=root, index=index, limit=200, cursor=cursor)
+        files.update((f["path"], f["sha256"]) for f in shown["steps"][0]["files"])
+        cursor = shown["next_cursor"]
+    return files
 
 
 def file_sha(path):

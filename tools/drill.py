@@ -87,6 +87,15 @@ def human_bytes(n):
     return "%d B" % n
 
 
+def listed(result, place):
+    """How many entries a result's list had: the ones shown plus the ones its
+    "omitted" counts (long lists are cut); place is e.g. "plan.to_write"."""
+    shown = result
+    for part in place.split("."):
+        shown = shown[part]
+    return len(shown) + result.get("omitted", {}).get(place, 0)
+
+
 def seconds(t0):
     return "%.2f s" % (time.monotonic() - t0)
 
@@ -420,7 +429,7 @@ class Drill:
         skipped = json.dumps(save.get("skipped_paths", []))
         if self.symlink:
             self.check("the symlink is skipped and reported", "app-link.py" in skipped,
-                       "%d skipped path(s)" % len(save.get("skipped_paths", [])))
+                       "%d skipped path(s)" % listed(save, "skipped_paths"))
         self.check_git_result(save, 1)
         self.check_secret_absent(store, "after step 1")
         big = [p for p in self.payload_files(store) if os.path.getsize(p) >= 100 * MB]
@@ -558,7 +567,7 @@ class Drill:
         if self.head == self.acked_index:
             missing = {"src/app.py", "assets/blob.bin"} - set(resume["drift_paths"])
             self.check("unsaved edits listed in drift_paths", not missing,
-                       "%d path(s)%s" % (len(resume["drift_paths"]),
+                       "%d path(s)%s" % (listed(resume, "drift_paths"),
                                          ", missing %s" % sorted(missing) if missing else ""))
         handoff = resume.get("handoff", "")
         self.check("handoff names the task and the next step",
@@ -590,8 +599,8 @@ class Drill:
         unchanged = snapshot(self.root) == before_restore
         self.check("preview (apply: false) writes nothing", unchanged and not preview["applied"],
                    "%s, delete %d, write %d, replace %d, unrestorable %d" % (
-                       seconds(t0), len(plan["to_delete"]), len(plan["to_write"]),
-                       len(plan["to_replace"]), len(plan["unrestorable"])))
+                       seconds(t0), *(listed(preview, "plan." + key) for key in (
+                           "to_delete", "to_write", "to_replace", "unrestorable"))))
         unrestorable = [u if isinstance(u, str) else u.get("path") for u in plan["unrestorable"]]
         self.check("the changed .env is listed as unrestorable", ".env" in unrestorable,
                    "%s" % unrestorable[:5])
@@ -631,7 +640,7 @@ class Drill:
         package = exported["path"]
         filtered = [f if isinstance(f, str) else f.get("path") for f in exported["filtered"]]
         self.check("tc_export", os.path.isfile(os.path.join(package, "HANDOFF.md")),
-                   "%s, %d files, %s, filtered %s" % (seconds(t0), len(exported["files"]),
+                   "%s, %d files, %s, filtered %s" % (seconds(t0), listed(exported, "files"),
                                                       human_bytes(dir_bytes(package)), filtered))
         self.check("sensitive and >100 MB files are filtered out",
                    ".env" in filtered and "assets/huge.img" in filtered, "%d filtered" % len(filtered))
@@ -643,9 +652,11 @@ class Drill:
         got = snapshot(self.colleague)
         head_files = self.snapshot_of_head()
         expected = set(head_files) - set(filtered)
+        with open(os.path.join(package, "handoff.json"), encoding="utf-8") as fh:
+            packed = {f["path"] for f in json.load(fh)["files"]}
         self.check("the package holds every other file of the step",
-                   set(exported["files"]) == expected,
-                   "%d of %d files" % (len(exported["files"]), len(head_files)))
+                   packed == expected and listed(exported, "files") == len(expected),
+                   "%d of %d files" % (len(packed), len(head_files)))
         want = {rel: sha for rel, sha in head_files.items() if rel in expected}
         differ = snapshot_diff(want, got)
         self.check("tc_import writes the step's files byte-exact",
