@@ -450,7 +450,7 @@ LONG_LISTS = {
     "tc_show": (),  # each listed drift's added, modified and deleted (steps come in pages)
     "tc_restore": ("skipped_paths", "plan.to_delete", "plan.to_write", "plan.to_replace",
                    "plan.unrestorable"),
-    "tc_resume": ("drift_paths", "skipped"),
+    "tc_resume": ("drift_paths", "skipped", "health.errors"),
     "tc_export": ("files", "filtered"),
 }
 DRIFT_LISTS = ("added", "modified", "deleted")

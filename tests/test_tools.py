@@ -860,6 +860,17 @@ class LongListTest(ToolsTest):
         with open(os.path.join(exported["path"], "handoff.json"), encoding="utf-8") as fh:
             self.assertEqual(sorted(f["path"] for f in json.load(fh)["files"]), names)
 
+    def test_health_errors_are_cut_too(self):
+        task = self.init()["task_id"]
+        self.save("one")
+        for n in range(105):  # leftovers of interrupted writes, one error each
+            with open(os.path.join(self.task_dir(task), ".tmp-left%03d" % n), "w") as fh:
+                fh.write("x")
+        health = self.ok("tc_resume", root=self.root)
+        self.assertEqual(len(health["health"]["errors"]), 100)
+        self.assertFalse(health["health"]["ok"])
+        self.assertEqual(health["omitted"], {"health.errors": 5})
+
     def test_short_lists_come_whole(self):
         self.init()
         self.write("a.txt", "one\n")
