@@ -625,6 +625,25 @@ def validate_root(root):
     return real
 
 
+# Put in every store: git then leaves the store out of `status`, `add -A`,
+# `stash -u` (which would take it away from under a running server) and
+# `clean -d`, wherever the store sits in a repository. Nothing of the user's
+# repository is touched for it.
+STORE_GITIGNORE = (b"# Written by task-checkpoint-mcp: git leaves this store alone.\n"
+                   b"*\n")
+
+
+def ignore_in_git(directory):
+    """Write <directory>/.gitignore (everything ignored) unless one is there
+    (ours, or one the user put there). Best effort: tried at every write."""
+    path = os.path.join(directory, ".gitignore")
+    if not os.path.lexists(path):
+        try:
+            atomic_write(path, STORE_GITIGNORE, durable=False)
+        except OSError:
+            pass
+
+
 def store_or_empty(path):
     """True for a missing or empty directory, or one that already is a store."""
     try:
@@ -3941,6 +3960,7 @@ class Store:
             with open(self.marker_path, "wb"):
                 pass
             self._writing = True
+            ignore_in_git(self.directory)
 
     def end_write(self):
         if self._writing:

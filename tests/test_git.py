@@ -193,6 +193,47 @@ class GitCase(WorkspaceTest):
 
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
+class StoreLeftAloneByGitTest(GitCase):
+    """The default store sits inside the repository: the user's git commands
+    must neither pick it up nor take it away."""
+
+    def untracked(self):
+        return git(self.root, "status", "--porcelain", "--untracked-files=all").decode()
+
+    def test_status_add_stash_and_clean_leave_the_store_alone(self):
+        make_git_repo(self.root)
+        srv, _task = self.start()
+        self.write("notes.txt", "one\n")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.assertEqual(self.untracked(), "?? notes.txt\n")
+        git(self.root, "stash", "push", "-u", "-q")  # takes untracked files off the disk
+        self.assertFalse(os.path.exists(os.path.join(self.root, "notes.txt")))
+        self.assertTrue(os.path.isfile(os.path.join(self.store, "state.lock")))
+        git(self.root, "stash", "pop", "-q")
+        git(self.root, "clean", "-f", "-d", "-q")  # removes untracked files and folders
+        self.assertFalse(os.path.exists(os.path.join(self.root, "notes.txt")))
+        git(self.root, "add", "-A")
+        self.assertNotIn(".checkpoints", git(self.root, "ls-files", "--cached").decode())
+        resumed = srv.ok("tc_resume", root=self.root)
+        self.assertTrue(resumed["health"]["ok"], resumed["health"])
+        self.assertEqual(resumed["drift_paths"], ["notes.txt"])  # git clean removed it
+        srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(self.read("notes.txt"), b"one\n")
+
+    def test_an_existing_ignore_file_is_kept_and_a_removed_one_comes_back(self):
+        make_git_repo(self.root)
+        srv, _task = self.start()
+        ignore = os.path.join(self.store, ".gitignore")
+        os.unlink(ignore)
+        self.assertIn("?? .checkpoints/", self.untracked())
+        srv.ok("tc_save", root=self.root, title="one")
+        self.assertNotIn(".checkpoints", self.untracked())
+        write(self.store, ".gitignore", "payload/\n")  # the user's own rules
+        srv.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(read(self.store, ".gitignore"), b"payload/\n")
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
 class StepRefsTest(GitCase):
     """Three saves in a repository with every kind of user state."""
 
