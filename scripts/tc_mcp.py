@@ -60,6 +60,7 @@ LIST_LIMIT = 1_000
 RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
 DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show (a page holds up to 200 drifts)
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
+PROGRESS_EVERY = 1.0  # seconds between progress notices of a call that asked for them
 
 
 # ---------------------------------------------------------------------------
@@ -545,12 +546,55 @@ class Logger:
             pass
 
 
+class Heartbeat:
+    """notifications/progress for a tool call that asked for them with
+    params._meta.progressToken: one every PROGRESS_EVERY seconds until the
+    call ends, the last one before its response. A client that restarts its
+    request timeout on progress (the Inspector waits 10 s otherwise) then
+    waits out a long init, restore, export or import. The progress value is
+    the seconds spent so far, so it grows with every notice; there is no
+    total."""
+
+    def __init__(self, send, token, name):
+        self.send, self.token, self.name = send, token, name
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._done.set()
+        self._thread.join()
+
+    def _run(self):
+        started = time.monotonic()
+        while not self._done.wait(PROGRESS_EVERY):
+            elapsed = time.monotonic() - started
+            try:
+                self.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                    "progressToken": self.token, "progress": round(elapsed, 3),
+                    "message": "%s: still working (%d s)" % (self.name, elapsed)}})
+            except (OSError, ValueError):  # the client is gone; the call still finishes
+                return
+
+
+def progress_token(params):
+    meta = params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    if isinstance(token, (str, int)) and not isinstance(token, bool):
+        return token
+    return None
+
+
 class Server:
     """Maps JSON-RPC messages to Checkpoints calls."""
 
-    def __init__(self, checkpoints, log):
+    def __init__(self, checkpoints, log, send=None):
         self.cp = checkpoints
         self.log = log
+        self.send = send  # writes a notification to the client (None: none are sent)
         self.methods = {
             "initialize": self.initialize,
             "ping": lambda params: {},
@@ -593,7 +637,11 @@ class Server:
         if problems:
             return tool_result("invalid arguments for %s: %s" % (name, "; ".join(problems)),
                                is_error=True)
-        return self.run_tool(name, normalized(arguments, schema))
+        token = progress_token(params)
+        if token is None or self.send is None:
+            return self.run_tool(name, normalized(arguments, schema))
+        with Heartbeat(self.send, token, name):
+            return self.run_tool(name, normalized(arguments, schema))
 
     def run_tool(self, name, arguments):
         try:
@@ -725,7 +773,15 @@ def serve(instream, outstream, checkpoints=None, log=None):
     """Serve until instream ends. Streams are binary."""
     log = log or Logger()
     checkpoints = checkpoints or tc.Checkpoints(tc.Config.from_env(), log=log)
-    server = Server(checkpoints, log)
+    lock = threading.Lock()
+
+    def send(message):
+        data = encode(message)
+        with lock:
+            outstream.write(data)
+            outstream.flush()
+
+    server = Server(checkpoints, log, send)
     checkpoints.start_watcher()
     try:
         for raw in read_lines(instream, LINE_LIMIT):
@@ -737,8 +793,7 @@ def serve(instream, outstream, checkpoints=None, log=None):
             else:
                 response = server.handle_line(raw.strip())
             if response is not None:
-                outstream.write(encode(response))
-                outstream.flush()
+                send(response)
     finally:
         checkpoints.stop_watcher()
     return 0

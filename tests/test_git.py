@@ -7,6 +7,7 @@ user's side of the repository (HEAD, branches, index, status, stash) is the
 same before and after every save.
 """
 
+import json
 import os
 import shutil
 import stat
@@ -231,6 +232,49 @@ class StoreLeftAloneByGitTest(GitCase):
         write(self.store, ".gitignore", "payload/\n")  # the user's own rules
         srv.ok("tc_save", root=self.root, title="two")
         self.assertEqual(read(self.store, ".gitignore"), b"payload/\n")
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class ProgressTest(GitCase):
+    """A slow git makes a save take seconds: a call that asked for progress
+    hears from the server until its answer; one that did not hears nothing."""
+
+    def call_and_listen(self, srv, msg_id, arguments, meta=None):
+        params = {"name": "tc_save", "arguments": arguments}
+        if meta is not None:
+            params["_meta"] = meta
+        srv.send_raw((json.dumps({"jsonrpc": "2.0", "id": msg_id, "method": "tools/call",
+                                  "params": params}) + "\n").encode("utf-8"))
+        notices = []
+        while True:
+            message = srv.read_line()
+            if message.get("id") == msg_id:
+                return notices, message
+            notices.append(message)
+
+    def test_progress_until_the_answer_only_when_asked(self):
+        make_git_repo(self.root)
+        srv, _task = self.start(env=self.make_spy_git(on_commit_tree="sleep 1.6"))
+        self.write("a.txt", "one\n")
+        self.arm_spy()
+        notices, reply = self.call_and_listen(srv, "slow-1", {"root": self.root, "title": "one"},
+                                              {"progressToken": "save-1"})
+        self.assertEqual(reply["result"]["structuredContent"]["index"], 1, reply)
+        self.assertTrue(reply["result"]["structuredContent"]["git"]["ok"], reply)
+        self.assertGreaterEqual(len(notices), 1, "no progress during a 1.6 s save")
+        for notice in notices:
+            self.assertEqual(notice["method"], "notifications/progress", notice)
+            self.assertNotIn("id", notice)
+            self.assertEqual(notice["params"]["progressToken"], "save-1")
+            self.assertIn("tc_save", notice["params"]["message"])
+        values = [n["params"]["progress"] for n in notices]
+        self.assertEqual(values, sorted(set(values)), "progress must grow with every notice")
+        self.write("a.txt", "two\n")
+        self.arm_spy()
+        notices, reply = self.call_and_listen(srv, "slow-2", {"root": self.root, "title": "two"})
+        self.assertEqual(reply["result"]["structuredContent"]["index"], 2, reply)
+        self.assertEqual(notices, [])
+        self.assertEqual(srv.request("ping")["result"], {})  # nothing left in between
 
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
