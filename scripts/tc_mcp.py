@@ -46,12 +46,21 @@ import tc  # noqa: E402
 SERVER_NAME = "task-checkpoint-mcp"
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL = PROTOCOL_VERSIONS[-1]
+# Revisions without a handshake: each request names its version in _meta.
+ENVELOPE_VERSIONS = ("2026-07-28",)
+VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+INSTRUCTIONS = ("Call tc_resume first in a new session; tc_init before a long task; tc_save "
+                "after each finished step with conclusion and next; preview tc_restore with "
+                "apply: false before apply: true.")
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+UNSUPPORTED_VERSION = -32022
 
 TEXT_LIMIT = 100_000
 TITLE_LIMIT = 1_000
@@ -500,10 +509,11 @@ def tool_result(payload, *, is_error=False):
 
 
 class RpcError(Exception):
-    def __init__(self, code, message):
+    def __init__(self, code, message, data=None):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.data = data
 
 
 # ---------------------------------------------------------------------------
@@ -597,6 +607,7 @@ class Server:
         self.send = send  # writes a notification to the client (None: none are sent)
         self.methods = {
             "initialize": self.initialize,
+            "server/discover": self.discover,
             "ping": lambda params: {},
             "tools/list": self.tools_list,
             "tools/call": self.tools_call,
@@ -608,9 +619,14 @@ class Server:
         return {"protocolVersion": version,
                 "capabilities": {"tools": {"listChanged": False}},
                 "serverInfo": {"name": SERVER_NAME, "version": tc.__version__},
-                "instructions": "Call tc_resume first in a new session; tc_init before a long "
-                                "task; tc_save after each finished step with conclusion and "
-                                "next; preview tc_restore with apply: false before apply: true."}
+                "instructions": INSTRUCTIONS}
+
+    def discover(self, params):
+        """What a client of the handshake-free revisions asks first."""
+        return {"supportedVersions": list(ENVELOPE_VERSIONS),
+                "capabilities": {"tools": {"listChanged": False}},
+                "instructions": INSTRUCTIONS, "ttlMs": 0, "cacheScope": "private",
+                "resultType": "complete"}
 
     def tools_list(self, params):
         return {"tools": [{"name": name, "title": TOOL_HINTS[name][0],
@@ -701,10 +717,17 @@ class Server:
         if params is not None and not isinstance(params, (dict, list)):
             return error_response(msg_id, INVALID_PARAMS, "params must be an object")
         try:
-            return {"jsonrpc": "2.0", "id": msg_id,
-                    "result": self.dispatch(handler, params or {}, method)}
+            enveloped = method != "initialize" and enveloped_version(params)
+            result = self.dispatch(handler, params or {}, method)
         except RpcError as exc:
-            return error_response(msg_id, exc.code, exc.message)
+            return error_response(msg_id, exc.code, exc.message, exc.data)
+        if enveloped:
+            result = dict(result, resultType="complete")
+            result["_meta"] = dict(result.get("_meta") or {}, **{SERVER_INFO_KEY: {
+                "name": SERVER_NAME, "version": tc.__version__}})
+            if method == "tools/list":
+                result.update(ttlMs=0, cacheScope="private")
+        return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
     def dispatch(self, handler, params, method):
         try:
@@ -716,6 +739,27 @@ class Server:
             self.log("internal error in %s: %s" % (method, traceback.format_exc()))
             raise RpcError(INTERNAL_ERROR, "internal error in %s: %s (details in server.log)"
                            % (method, type(exc).__name__)) from None
+
+
+def enveloped_version(params):
+    """The protocol version a request of a handshake-free revision names in
+    params._meta, or None for a request of the handshake revisions (whose
+    _meta, if any, has no version key). An envelope that is incomplete or
+    names a revision this server does not speak is refused."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or VERSION_KEY not in meta:
+        return None
+    version = meta[VERSION_KEY]
+    if CAPABILITIES_KEY not in meta:
+        raise RpcError(INVALID_PARAMS, "params._meta names a protocol version but not %r"
+                       % CAPABILITIES_KEY)
+    if not isinstance(version, str):
+        raise RpcError(INVALID_PARAMS, "params._meta[%r] must be a string" % VERSION_KEY)
+    if version not in ENVELOPE_VERSIONS:
+        raise RpcError(UNSUPPORTED_VERSION, "protocol version %r is not supported; use %s, "
+                       "or the initialize handshake" % (version[:64], ", ".join(ENVELOPE_VERSIONS)),
+                       {"supported": list(ENVELOPE_VERSIONS), "requested": version})
+    return version
 
 
 def valid_id(value):
@@ -737,8 +781,11 @@ def one_line(text):
     return " ".join(text.split())
 
 
-def error_response(msg_id, code, message):
-    return {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
+def error_response(msg_id, code, message, data=None):
+    error = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": msg_id, "error": error}
 
 
 def encode(message):

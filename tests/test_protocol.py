@@ -240,6 +240,78 @@ class MessageHandlingTest(ProtocolTest):
             self.assertLess(int(peak[0].split()[1]), 200 * 1024, peak[0])
 
 
+ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "tests", "version": "0"}}
+
+
+class EnvelopeRevisionTest(ProtocolTest):
+    """The 2026-07-28 revision has no handshake: each request carries its
+    version in params._meta, and every result says it is complete."""
+
+    def enveloped(self, srv, method, params=None, meta=ENVELOPE):
+        return srv.request(method, dict(params or {}, _meta=dict(meta)))
+
+    def assert_enveloped_result(self, reply):
+        result = reply["result"]
+        self.assertEqual(result["resultType"], "complete", reply)
+        self.assertEqual(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+                         "task-checkpoint-mcp")
+        return result
+
+    def test_discover_then_tools_without_a_handshake(self):
+        srv = self.raw_server()
+        found = self.assert_enveloped_result(self.enveloped(srv, "server/discover"))
+        self.assertEqual(found["supportedVersions"], ["2026-07-28"])
+        self.assertIn("tools", found["capabilities"])
+        self.assertTrue(found["instructions"])
+        self.assertEqual((found["ttlMs"], found["cacheScope"]), (0, "private"))
+        listed = self.assert_enveloped_result(self.enveloped(srv, "tools/list"))
+        self.assertEqual((listed["ttlMs"], listed["cacheScope"]), (0, "private"))
+        legacy = srv.request("tools/list")["result"]
+        self.assertNotIn("resultType", legacy)
+        self.assertEqual(listed["tools"], legacy["tools"])
+        call = {"name": "tc_init", "arguments": {"root": self.root, "name": "envelope"}}
+        started = self.assert_enveloped_result(self.enveloped(srv, "tools/call", call))
+        self.assertFalse(started["isError"], started)
+        self.assertTrue(started["structuredContent"]["task_id"].startswith("envelope-"))
+        refused = self.assert_enveloped_result(self.enveloped(srv, "tools/call", {
+            "name": "tc_switch", "arguments": {"root": self.root, "task_id": "nope-1"}}))
+        self.assertTrue(refused["isError"])
+        # A handshake request's _meta (a progress token) does not make it enveloped.
+        plain = srv.request("tools/call", {"name": "tc_resume", "arguments": {"root": self.root},
+                                           "_meta": {"progressToken": 7}})["result"]
+        self.assertNotIn("resultType", plain)
+        self.assertFalse(plain["isError"], plain)
+
+    def test_bad_envelopes_are_refused_before_anything_runs(self):
+        srv = self.raw_server()
+        call = {"name": "tc_init", "arguments": {"root": self.root, "name": "never"}}
+        reply = self.enveloped(srv, "tools/call", call,
+                               dict(ENVELOPE, **{"io.modelcontextprotocol/protocolVersion":
+                                                 "2099-01-01"}))
+        self.assert_error(reply, (-32022,), ids=(reply["id"],))
+        self.assertEqual(reply["error"]["data"], {"supported": ["2026-07-28"],
+                                                  "requested": "2099-01-01"})
+        no_capabilities = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+        reply = self.enveloped(srv, "tools/call", call, no_capabilities)
+        self.assert_error(reply, (-32602,), ids=(reply["id"],))
+        self.assertIn("clientCapabilities", reply["error"]["message"])
+        reply = self.enveloped(srv, "tools/call", call,
+                               dict(ENVELOPE, **{"io.modelcontextprotocol/protocolVersion": 2026}))
+        self.assert_error(reply, (-32602,), ids=(reply["id"],))
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".checkpoints")))
+        self.assert_alive(srv)
+
+    def test_initialize_stays_the_handshake(self):
+        srv = self.raw_server()
+        reply = self.enveloped(srv, "initialize", {
+            "protocolVersion": "2026-07-28", "capabilities": {},
+            "clientInfo": {"name": "tests", "version": "0"}})
+        self.assertEqual(reply["result"]["protocolVersion"], "2025-11-25")
+        self.assertNotIn("resultType", reply["result"])
+
+
 class ToolsListTest(ProtocolTest):
     def test_exactly_the_ten_tools(self):
         srv = self.server()
