@@ -635,24 +635,34 @@ STORE_GITIGNORE = (b"# Written by task-checkpoint-mcp: git leaves this store alo
 
 def ignore_in_git(directory):
     """Write <directory>/.gitignore (everything ignored) unless one is there
-    (ours, or one the user put there). Best effort: tried at every write."""
+    (ours, or one the user put there); an empty one, as a power cut can leave
+    it, is written again. Best effort: tried at every write."""
     path = os.path.join(directory, ".gitignore")
-    if not os.path.lexists(path):
-        try:
-            atomic_write(path, STORE_GITIGNORE, durable=False)
-        except OSError:
-            pass
+    try:
+        if os.lstat(path).st_size:
+            return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    try:
+        atomic_write(path, STORE_GITIGNORE, durable=False)
+    except OSError:
+        pass
 
 
 def store_or_empty(path):
-    """True for a missing or empty directory, or one that already is a store."""
+    """True for a missing or empty directory, or one that already is a store.
+    A .gitignore alone (the one every store holds, or the user's) still counts
+    as empty."""
     try:
         names = os.listdir(path)
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    return not names or "state.lock" in names or "tasks" in names
+    return (not [n for n in names if n != ".gitignore"]
+            or "state.lock" in names or "tasks" in names)
 
 
 def looks_like_store(path):

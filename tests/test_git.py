@@ -229,6 +229,10 @@ class StoreLeftAloneByGitTest(GitCase):
         self.assertIn("?? .checkpoints/", self.untracked())
         srv.ok("tc_save", root=self.root, title="one")
         self.assertNotIn(".checkpoints", self.untracked())
+        open(ignore, "w").close()  # what a power cut can leave of it
+        self.assertIn("?? .checkpoints/", self.untracked())
+        srv.ok("tc_capture", root=self.root)
+        self.assertNotIn(".checkpoints", self.untracked())
         write(self.store, ".gitignore", "payload/\n")  # the user's own rules
         srv.ok("tc_save", root=self.root, title="two")
         self.assertEqual(read(self.store, ".gitignore"), b"payload/\n")

@@ -7,6 +7,7 @@ declares for that tool, and its text content must be the same object as JSON.
 import json
 import os
 import re
+import shutil
 import tempfile
 import unittest
 
@@ -336,6 +337,28 @@ class InitSwitchTest(ToolsTest):
         resumed = self.ok("tc_resume", srv=other, root=self.root)
         self.assertEqual(head_index(resumed["head"]), saved["index"])
         self.assertEqual(os.path.realpath(resumed["store"]), ext)
+
+    def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
+        ext = os.path.join(self.tmp, "ext-store")
+        os.makedirs(ext)
+        with open(os.path.join(ext, ".gitignore"), "w") as fh:
+            fh.write("*\n")
+        self.assertIs(self.init(store=ext)["store_is_external"], True)
+        with open(os.path.join(ext, ".gitignore")) as fh:
+            self.assertEqual(fh.read(), "*\n")  # the user's file is kept
+        cleared = os.path.join(self.tmp, "cleared-store")
+        self.init(store=cleared)
+        for name in os.listdir(cleared):  # what `rm -rf store/*` leaves: the dot file
+            if not name.startswith("."):
+                path = os.path.join(cleared, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+        self.assertEqual(os.listdir(cleared), [".gitignore"])
+        self.init(name="again", store=cleared)
+        other = os.path.join(self.tmp, "other-files")
+        os.makedirs(other)
+        with open(os.path.join(other, "notes.txt"), "w") as fh:
+            fh.write("mine\n")
+        self.refused("tc_init", root=self.root, name="x", store=other)
 
     def test_store_from_the_environment(self):
         env_store = os.path.join(self.tmp, "env-store")
