@@ -67,7 +67,8 @@ TITLE_LIMIT = 1_000
 PATH_LIMIT = 4_096
 LIST_LIMIT = 1_000
 RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
-DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show (a page holds up to 200 drifts)
+DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
+DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
 PROGRESS_EVERY = 1.0  # seconds between progress notices of a call that asked for them
 
@@ -124,9 +125,10 @@ GIT = {"type": "object", "properties": {
     "required": ["ok", "ref", "reason", "unchanged"]}
 OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
            "description": "How many entries each long list of this result left out (lists "
-                          "stop at %d entries; %d for each drift tc_show lists), by the "
-                          "list's place in the result, e.g. 'drift_paths', 'plan.to_replace', "
-                          "'drifts.d0003.added'." % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT)}
+                          "stop at %d entries; %d for each drift tc_show lists and %d for "
+                          "its whole page), by the list's place in the result, e.g. "
+                          "'drift_paths', 'plan.to_replace', 'drifts.d0003.added'."
+                          % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT)}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -451,7 +453,8 @@ def call_tool(cp, name, a):
 # Clients hand a tool's structured result to the model whole, and refuse or
 # shelve one that is too long. So a list that grows with the workspace stops
 # at RESULT_LIST_LIMIT entries in a result (DRIFT_LIST_LIMIT for each drift
-# that tc_show lists), and "omitted" says how many each cut list left out,
+# that tc_show lists, DRIFT_PAGE_LIMIT for all of them together), and
+# "omitted" says how many each cut list left out,
 # named by its place in the result: "drift_paths", "plan.to_replace",
 # "drifts.d0003.added". The store keeps every entry.
 LONG_LISTS = {
@@ -489,11 +492,15 @@ def bound_lists(name, result):
             holder = child
         cut(holder, key, label)
     if name == "tc_show" and isinstance(result.get("drifts"), list):
+        room = DRIFT_PAGE_LIMIT
         drifts = []
         for view in result["drifts"]:
             view = dict(view)
             for key in DRIFT_LISTS:
-                cut(view, key, "drifts.%s.%s" % (view.get("id"), key), DRIFT_LIST_LIMIT)
+                cut(view, key, "drifts.%s.%s" % (view.get("id"), key),
+                    min(DRIFT_LIST_LIMIT, room))
+                if isinstance(view.get(key), list):
+                    room -= len(view[key])
             drifts.append(view)
         result["drifts"] = drifts
     result["omitted"] = omitted
@@ -625,8 +632,7 @@ class Server:
         """What a client of the handshake-free revisions asks first."""
         return {"supportedVersions": list(ENVELOPE_VERSIONS),
                 "capabilities": {"tools": {"listChanged": False}},
-                "instructions": INSTRUCTIONS, "ttlMs": 0, "cacheScope": "private",
-                "resultType": "complete"}
+                "instructions": INSTRUCTIONS, "ttlMs": 0, "cacheScope": "private"}
 
     def tools_list(self, params):
         return {"tools": [{"name": name, "title": TOOL_HINTS[name][0],
@@ -712,16 +718,17 @@ class Server:
             if handler is not None:
                 self.log("ignored %r sent as a notification (it needs an id)" % method)
             return None
-        if handler is None:
-            return error_response(msg_id, METHOD_NOT_FOUND, "method %r not found" % method)
-        if params is not None and not isinstance(params, (dict, list)):
-            return error_response(msg_id, INVALID_PARAMS, "params must be an object")
         try:
+            # The envelope is checked first, whatever the method.
             enveloped = method != "initialize" and enveloped_version(params)
+            if handler is None:
+                raise RpcError(METHOD_NOT_FOUND, "method %r not found" % method)
+            if params is not None and not isinstance(params, (dict, list)):
+                raise RpcError(INVALID_PARAMS, "params must be an object")
             result = self.dispatch(handler, params or {}, method)
         except RpcError as exc:
             return error_response(msg_id, exc.code, exc.message, exc.data)
-        if enveloped:
+        if enveloped or method == "server/discover":
             result = dict(result, resultType="complete")
             result["_meta"] = dict(result.get("_meta") or {}, **{SERVER_INFO_KEY: {
                 "name": SERVER_NAME, "version": tc.__version__}})
@@ -750,15 +757,18 @@ def enveloped_version(params):
     if not isinstance(meta, dict) or VERSION_KEY not in meta:
         return None
     version = meta[VERSION_KEY]
-    if CAPABILITIES_KEY not in meta:
-        raise RpcError(INVALID_PARAMS, "params._meta names a protocol version but not %r"
-                       % CAPABILITIES_KEY)
+    if not isinstance(meta.get(CAPABILITIES_KEY), dict):
+        raise RpcError(INVALID_PARAMS, "params._meta names a protocol version, so it needs "
+                       "%r as an object" % CAPABILITIES_KEY)
     if not isinstance(version, str):
         raise RpcError(INVALID_PARAMS, "params._meta[%r] must be a string" % VERSION_KEY)
     if version not in ENVELOPE_VERSIONS:
+        # The handshake revisions are listed too: a client that knows none of
+        # the envelope ones then falls back to initialize.
         raise RpcError(UNSUPPORTED_VERSION, "protocol version %r is not supported; use %s, "
                        "or the initialize handshake" % (version[:64], ", ".join(ENVELOPE_VERSIONS)),
-                       {"supported": list(ENVELOPE_VERSIONS), "requested": version})
+                       {"supported": list(ENVELOPE_VERSIONS + PROTOCOL_VERSIONS),
+                        "requested": version[:256]})
     return version
 
 

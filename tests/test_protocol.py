@@ -291,8 +291,13 @@ class EnvelopeRevisionTest(ProtocolTest):
                                dict(ENVELOPE, **{"io.modelcontextprotocol/protocolVersion":
                                                  "2099-01-01"}))
         self.assert_error(reply, (-32022,), ids=(reply["id"],))
-        self.assertEqual(reply["error"]["data"], {"supported": ["2026-07-28"],
+        # The handshake revisions are named too, so the client can fall back.
+        self.assertEqual(reply["error"]["data"], {"supported": ["2026-07-28"] + VERSIONS,
                                                   "requested": "2099-01-01"})
+        reply = self.enveloped(srv, "no/such/method", {},
+                               dict(ENVELOPE, **{"io.modelcontextprotocol/protocolVersion":
+                                                 "2099-01-01"}))
+        self.assert_error(reply, (-32022,), ids=(reply["id"],))
         no_capabilities = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
         reply = self.enveloped(srv, "tools/call", call, no_capabilities)
         self.assert_error(reply, (-32602,), ids=(reply["id"],))
@@ -300,8 +305,17 @@ class EnvelopeRevisionTest(ProtocolTest):
         reply = self.enveloped(srv, "tools/call", call,
                                dict(ENVELOPE, **{"io.modelcontextprotocol/protocolVersion": 2026}))
         self.assert_error(reply, (-32602,), ids=(reply["id"],))
+        reply = self.enveloped(srv, "tools/call", call,
+                               dict(ENVELOPE, **{"io.modelcontextprotocol/clientCapabilities": []}))
+        self.assert_error(reply, (-32602,), ids=(reply["id"],))
         self.assertFalse(os.path.exists(os.path.join(self.root, ".checkpoints")))
         self.assert_alive(srv)
+
+    def test_discover_without_an_envelope_still_names_the_server(self):
+        found = self.raw_server().request("server/discover")["result"]
+        self.assertEqual(found["resultType"], "complete")
+        self.assertEqual(found["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+                         "task-checkpoint-mcp")
 
     def test_initialize_stays_the_handshake(self):
         srv = self.raw_server()

@@ -883,6 +883,28 @@ class LongListTest(ToolsTest):
         with open(os.path.join(exported["path"], "handoff.json"), encoding="utf-8") as fh:
             self.assertEqual(sorted(f["path"] for f in json.load(fh)["files"]), names)
 
+    def test_a_page_of_drifts_lists_at_most_300_paths(self):
+        names = ["f%02d.txt" % n for n in range(25)]
+        for name in names:
+            self.write(name, "0\n")
+        self.init()
+        for round_ in range(1, 17):
+            for name in names:
+                self.write(name, "%d\n" % round_)
+            self.assertTrue(self.ok("tc_capture", root=self.root)["captured"])
+        listed = self.ok("tc_show", root=self.root, include_drift=True)
+        self.assertEqual(len(listed["drifts"]), 17)
+        shown = 0
+        for drift in listed["drifts"]:
+            for key in ("added", "modified", "deleted"):
+                count = len(drift[key])
+                self.assertLessEqual(count, 20)
+                shown += count
+                total = count + listed["omitted"].get("drifts.%s.%s" % (drift["id"], key), 0)
+                self.assertEqual(total, 25 if key == ("added" if drift["id"] == "d0001"
+                                                       else "modified") else 0, drift["id"])
+        self.assertEqual(shown, 300)
+
     def test_health_errors_are_cut_too(self):
         task = self.init()["task_id"]
         self.save("one")
