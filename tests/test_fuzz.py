@@ -28,7 +28,9 @@ SEED = 20261129
 MESSAGES = 400
 TOOLS = ("tc_init", "tc_switch", "tc_save", "tc_capture", "tc_show", "tc_restore",
          "tc_resume", "tc_export", "tc_import", "tc_compress")
-SPEC_CODES = {-32700, -32600, -32601, -32602}
+SPEC_CODES = {-32700, -32600, -32601, -32602, -32022}
+VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 SYNC = "fuzz-sync-"
 
 
@@ -234,8 +236,25 @@ class Generator:
         a = self.arguments(tool)
         if not valid:
             a = self.mutate(a)
+        params = {"name": tool, "arguments": a}
+        if self.r.random() < 0.25:
+            params["_meta"] = self.meta()
         return {"jsonrpc": "2.0", "id": self.next_id(), "method": "tools/call",
-                "params": {"name": tool, "arguments": a}}
+                "params": params}
+
+    def meta(self):
+        """params._meta: a progress token of any kind, or a 2026-07-28 envelope,
+        whole or broken."""
+        r = self.r
+        envelope = {VERSION_KEY: "2026-07-28", CAPABILITIES_KEY: {}}
+        return r.choice([
+            {"progressToken": r.choice(["p1", 7, -1, 1.5, None, True, [], {}, "\ud800",
+                                        2 ** 70, "x" * 5000])},
+            envelope, dict(envelope, progressToken="p2"),
+            {VERSION_KEY: r.choice(["2099-01-01", "", 2026, None, [], "\ud800", "z" * 3000])},
+            dict(envelope, **{VERSION_KEY: "2025-11-25"}),
+            dict(envelope, **{CAPABILITIES_KEY: r.choice([None, [], "x", 1])}),
+            5, [], "x", None])
 
     def encode(self, msg):
         if self.r.random() < 0.7:
@@ -254,13 +273,15 @@ class Generator:
         if r.random() < 0.9:
             msg["method"] = r.choice(["initialize", "ping", "tools/list", "tools/call",
                                       "notifications/initialized", "resources/list", "", None,
-                                      5, ["ping"], "\ud800", "tools/call\x00"])
+                                      5, ["ping"], "\ud800", "tools/call\x00",
+                                      "server/discover"])
         if r.random() < 0.7:
             msg["params"] = r.choice([
                 {}, [], None, 1, "x", True, [1],
                 {"protocolVersion": r.choice(["2025-06-18", "1999-01-01", 5, None])},
                 {"name": r.choice(list(TOOLS) + ["nope", 5, None, ""]), "arguments": self.value()},
-                {"name": r.choice(TOOLS), "arguments": None}])
+                {"name": r.choice(TOOLS), "arguments": None},
+                {"_meta": self.meta()}])
         return msg
 
     def garbage(self):
@@ -408,6 +429,10 @@ class FuzzTest(unittest.TestCase):
             except (UnicodeDecodeError, ValueError) as exc:
                 problems.append("(b) stdout line is not strict JSON (%s): %r" % (exc, line[:200]))
                 continue
+            if (isinstance(resp, dict) and resp.get("method") == "notifications/progress"
+                    and "id" not in resp and isinstance(resp.get("params"), dict)
+                    and isinstance(resp["params"].get("progressToken"), (str, int))):
+                continue  # a slow call that asked for progress
             if (not isinstance(resp, dict) or resp.get("jsonrpc") != "2.0" or "id" not in resp
                     or ("result" in resp) == ("error" in resp)):
                 problems.append("(b) not a JSON-RPC response: %r" % line[:200])
