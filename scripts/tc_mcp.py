@@ -454,9 +454,9 @@ def call_tool(cp, name, a):
 # shelve one that is too long. So a list that grows with the workspace stops
 # at RESULT_LIST_LIMIT entries in a result (DRIFT_LIST_LIMIT for each drift
 # that tc_show lists, DRIFT_PAGE_LIMIT for all of them together), and
-# "omitted" says how many each cut list left out,
-# named by its place in the result: "drift_paths", "plan.to_replace",
-# "drifts.d0003.added". The store keeps every entry.
+# "omitted" says how many each cut list left out, named by its place in the
+# result: "drift_paths", "plan.to_replace", "drifts.d0003.added". The store
+# keeps every entry.
 LONG_LISTS = {
     "tc_save": ("skipped_paths", "groups"),
     "tc_capture": ("skipped_paths", "added", "modified", "deleted"),
@@ -729,11 +729,7 @@ class Server:
         except RpcError as exc:
             return error_response(msg_id, exc.code, exc.message, exc.data)
         if enveloped or method == "server/discover":
-            result = dict(result, resultType="complete")
-            result["_meta"] = dict(result.get("_meta") or {}, **{SERVER_INFO_KEY: {
-                "name": SERVER_NAME, "version": tc.__version__}})
-            if method == "tools/list":
-                result.update(ttlMs=0, cacheScope="private")
+            result = envelope_result(method, result)
         return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
     def dispatch(self, handler, params, method):
@@ -765,11 +761,23 @@ def enveloped_version(params):
     if version not in ENVELOPE_VERSIONS:
         # The handshake revisions are listed too: a client that knows none of
         # the envelope ones then falls back to initialize.
-        raise RpcError(UNSUPPORTED_VERSION, "protocol version %r is not supported; use %s, "
-                       "or the initialize handshake" % (version[:64], ", ".join(ENVELOPE_VERSIONS)),
+        raise RpcError(UNSUPPORTED_VERSION,
+                       "protocol version %r is not supported; use %s, or the initialize "
+                       "handshake" % (version[:64], ", ".join(ENVELOPE_VERSIONS)),
                        {"supported": list(ENVELOPE_VERSIONS + PROTOCOL_VERSIONS),
                         "requested": version[:256]})
     return version
+
+
+def envelope_result(method, result):
+    """A result as the handshake-free revisions have it: marked complete, the
+    server named in _meta, cache hints on the tool list."""
+    result = dict(result, resultType="complete")
+    result["_meta"] = dict(result.get("_meta") or {}, **{SERVER_INFO_KEY: {
+        "name": SERVER_NAME, "version": tc.__version__}})
+    if method == "tools/list":
+        result.update(ttlMs=0, cacheScope="private")
+    return result
 
 
 def valid_id(value):
