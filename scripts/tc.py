@@ -42,15 +42,11 @@ import json
 import operator
 import os
 import re
-import secrets
-import shutil
 import stat as stat_mod
 import struct
 import sys
-import tempfile
 import threading
 import time
-import typing
 
 __version__ = "0.1.0"
 
@@ -134,18 +130,14 @@ def parse_seconds(value, default, *, minimum=0.05):
     return number
 
 
-class Config(typing.NamedTuple):
-    """Settings read once from the environment and passed down."""
+class Config(collections.namedtuple(
+        "Config", "store watch watch_interval watch_events drift_max_wait git git_verify "
+                  "sha_reuse full_hash",
+        defaults=(None, True, 15.0, True, 60.0, True, True, False, False))):
+    """Settings read once from the environment and passed down: the store
+    (a path or None), then the switches and seconds that TC_* variables set."""
 
-    store: typing.Optional[str] = None
-    watch: bool = True
-    watch_interval: float = 15.0
-    watch_events: bool = True
-    drift_max_wait: float = 60.0
-    git: bool = True
-    git_verify: bool = True
-    sha_reuse: bool = False
-    full_hash: bool = False
+    __slots__ = ()
 
     @classmethod
     def from_env(cls, environ=None):
@@ -345,6 +337,32 @@ def fsync_paths(paths):
         pass
 
 
+def random_hex(nbytes):
+    return os.urandom(nbytes).hex()
+
+
+_TEMP_FLAGS = (os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+
+
+def new_temp(directory, prefix, suffix=""):
+    """A new file with an unused random name in directory, readable and
+    writable by its owner only: (descriptor, path)."""
+    for _ in range(100):
+        path = os.path.join(directory, prefix + random_hex(6) + suffix)
+        try:
+            return os.open(path, _TEMP_FLAGS, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", directory)
+
+
+def remove_tree(path):
+    """Remove a folder and what it holds, as far as possible; errors are ignored."""
+    import shutil  # only for removals, so it is not paid at start-up
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def atomic_write(path, data, *, durable=True):
     """Write bytes (or an iterable of byte strings) to path through a unique
     temp file and a rename.
@@ -354,7 +372,7 @@ def atomic_write(path, data, *, durable=True):
     """
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    fd, tmp = new_temp(directory, ".tmp-", ".part")
     try:
         with os.fdopen(fd, "wb") as fh:
             if isinstance(data, (bytes, bytearray)):
@@ -403,7 +421,7 @@ def stage_record(path, obj):
     """obj written to a new temporary name beside path, not yet flushed; the
     temporary name, for the caller to flush and rename over path."""
     directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    fd, tmp = new_temp(directory, ".tmp-", ".part")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(dump_json(obj))
@@ -863,20 +881,11 @@ KIND_SENSITIVE = "s"   # size and mtime only
 KIND_BIG = "b"         # over the content limit: streamed hash, no content
 
 
-class StatInfo(typing.NamedTuple):
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    ino: int
-    dev: int
-    mode: int
-    sensitive: bool
+# One scanned file: its stat fields (ints) and whether its name is sensitive.
+StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mode sensitive")
 
-
-class ScanResult(typing.NamedTuple):
-    files: dict          # rel -> StatInfo
-    skipped: list        # [{"path", "reason"}]
-    started_ns: int
+# files: rel -> StatInfo; skipped: [{"path", "reason"}]; started_ns: when the walk began.
+ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns")
 
 
 def scan_tree(root, policy, dirs=None):
@@ -1472,7 +1481,7 @@ class PayloadStore:
 
     def _stream_in(self, fh):
         os.makedirs(self.directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        fd, tmp = new_temp(self.directory, ".tmp-")
         digest = hashlib.sha256()
         total = 0
         try:
@@ -2130,7 +2139,7 @@ class TaskRecords:
                     index_doc["gen"], index_doc["log_ok"] = old["gen"], True
                     self._keep_index(index_doc, entries)
                     return
-        index_doc["gen"] = secrets.token_hex(8)
+        index_doc["gen"] = random_hex(8)
         index_doc.pop("log_ok", None)
         write_json(self.index_path, index_doc, durable=False, sort_keys=False)
         try:
@@ -2186,7 +2195,7 @@ class Journal:
 
     def __init__(self, store, op, root):
         self.store = store
-        self.op_id = "%s-%d-%s" % (op, os.getpid(), secrets.token_hex(4))
+        self.op_id = "%s-%d-%s" % (op, os.getpid(), random_hex(4))
         self.directory = os.path.join(store.directory, "journal", self.op_id)
         # Staging names of the entries are derived (temp_name), not listed;
         # new payloads are listed by sha.
@@ -2209,6 +2218,7 @@ class Journal:
         os.makedirs(self.directory, exist_ok=True)
         if os.path.isfile(path):
             name = "backup-%d" % len(self.data["store_backup"])
+            import shutil  # only here: a restore's backup of a store record
             shutil.copyfile(path, os.path.join(self.directory, name))
             self.data["store_backup"][rel] = name
         else:
@@ -2231,7 +2241,7 @@ class Journal:
         # The plan goes first: a journal without its plan is never rolled back.
         remove_file(os.path.join(self.directory, "plan.json"))
         fsync_dir(self.directory)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_tree(self.directory)
         fsync_dir(os.path.dirname(self.directory))
         remove_empty_dir(os.path.dirname(self.directory))
 
@@ -2273,7 +2283,7 @@ def rollback_journal(store, directory, data=None):
         try:
             data = read_json(os.path.join(directory, "plan.json"))
         except (FileNotFoundError, StoreCorrupt):
-            shutil.rmtree(directory, ignore_errors=True)  # never started
+            remove_tree(directory)  # never started
             return
     if os.path.isdir(data["root"]):
         _rollback_workspace(store, data)
@@ -2287,7 +2297,7 @@ def rollback_journal(store, directory, data=None):
         remove_file(path)
         remove_empty_dir(os.path.dirname(path))
     store.forget_caches()
-    shutil.rmtree(directory, ignore_errors=True)
+    remove_tree(directory)
     remove_empty_dir(os.path.dirname(directory))
 
 
@@ -2319,7 +2329,7 @@ def _rollback_records(store, directory, data):
     for rel in data["store_new"]:
         remove_file(os.path.join(store.directory, rel))
     for rel in data.get("store_new_dirs", []):
-        shutil.rmtree(os.path.join(store.directory, rel), ignore_errors=True)
+        remove_tree(os.path.join(store.directory, rel))
     for rel, backup in data["store_backup"].items():
         target = os.path.join(store.directory, rel)
         if backup is None:
@@ -3042,7 +3052,7 @@ class GitObjectCache:
         """Record the commit just made (its ref exists) and the objects under it."""
         gen = self.blobs_doc.get("gen") if self.blobs_doc else None
         if self.blobs_doc is None or self.blobs_doc.get("blobs") != blobs:
-            gen = secrets.token_hex(8)
+            gen = random_hex(8)
             self._write(self.blobs_path, {"gen": gen, "blobs": blobs})
             with contextlib.suppress(OSError):  # the single cache file of earlier versions
                 remove_file(os.path.join(os.path.dirname(os.path.dirname(self.blobs_path)),
@@ -3634,7 +3644,7 @@ class _GitRunner:
         try:
             for _, rows in trees:
                 # ".tmp-": a crash leaves them to the store's sweep.
-                fd, path = tempfile.mkstemp(prefix=".tmp-tree-", dir=self.store_git)
+                fd, path = new_temp(self.store_git, ".tmp-tree-")
                 paths.append(path)
                 with open(fd, "wb") as fh:
                     fh.write(b"".join(b"%s %s\0" % (mode.lstrip("0").encode(), raw)
@@ -4007,7 +4017,7 @@ class Store:
                 if not self.task(task_id).exists():
                     # A task directory without a state is a tc_init that died
                     # midway (imports are journaled and were rolled back above).
-                    shutil.rmtree(self.task(task_id).directory, ignore_errors=True)
+                    remove_tree(self.task(task_id).directory)
                     continue
                 self.reconcile_numbers(task_id)
             remove_file(self.marker_path)
@@ -4066,13 +4076,10 @@ def sweep_temp_files(directory):
     return count
 
 
-class Snapshot(typing.NamedTuple):
-    entries: dict   # rel -> manifest entry
-    rows: dict      # rel -> index row
-    reads: int
-    skipped: list
-    stamp_ns: int
-    created: list   # payload paths written for this snapshot
+# entries: rel -> manifest entry; rows: rel -> index row; reads: files read;
+# skipped: [{"path", "reason"}]; stamp_ns: the index's clock stamp;
+# created: payload paths written for this snapshot.
+Snapshot = collections.namedtuple("Snapshot", "entries rows reads skipped stamp_ns created")
 
 
 class Workspace:
@@ -4460,7 +4467,7 @@ class Checkpoints:
                 baseline = self._baseline(ws)
                 ws.records.write_state(ws.state)
             except BaseException:
-                shutil.rmtree(ws.records.directory, ignore_errors=True)
+                remove_tree(ws.records.directory)
                 raise
             # The new task is complete: only now is the previous one suspended.
             active = st.read_current()
@@ -4482,7 +4489,7 @@ class Checkpoints:
     def _new_task_id(self, store, name):
         slug = slugify(name)
         while True:
-            task_id = "%s-%s" % (slug, secrets.token_hex(3))
+            task_id = "%s-%s" % (slug, random_hex(3))
             if not store.task(task_id).exists():
                 return task_id
 
@@ -5195,20 +5202,20 @@ class Checkpoints:
             raise AlreadyExists("a package %r already exists; move it away or export "
                                 "elsewhere" % final)
         prefix = ".%s-handoff.tmp-" % ws.task_id
-        tmp = os.path.join(to, prefix + secrets.token_hex(4))
+        tmp = os.path.join(to, prefix + random_hex(4))
         try:
             with ws.store.lock:
                 # Under the lock, a temporary package of this task is a dead export's.
                 for name in os.listdir(to):
                     if name.startswith(prefix):
-                        shutil.rmtree(os.path.join(to, name), ignore_errors=True)
+                        remove_tree(os.path.join(to, name))
                 desc = self._write_package(ws, tmp, history)
                 if os.path.lexists(final):
                     raise AlreadyExists("a package %r already exists; move it away or "
                                         "export elsewhere" % final)
                 os.rename(tmp, final)
         except BaseException as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             if isinstance(exc, OSError):
                 raise CheckpointError("export to %r failed: %s" % (to, describe_os_error(exc))) from None
             raise
