@@ -200,6 +200,43 @@ class GitError(CheckpointError):
     pass
 
 
+class Cancelled(CheckpointError):
+    """The client cancelled the call; it stopped before recording anything."""
+
+
+CANCELLED_TEXT = "cancelled by the client"
+_CALL = threading.local()  # .cancel: the Event of the tool call this thread runs
+
+
+@contextlib.contextmanager
+def cancellable(event):
+    """Run the block as a call that stops once event is set.
+
+    The checks sit where stopping changes nothing recorded: between the
+    files a snapshot reads, a restore or import writes (both journaled, so
+    what they wrote is rolled back) or an export copies, between the
+    folders of a walk, and while waiting for the store lock. Work past the
+    last of them (the records of a save, the rename of a package) finishes.
+    Threads other than the caller's (the watcher) are never cancelled."""
+    previous = getattr(_CALL, "cancel", None)
+    _CALL.cancel = event
+    try:
+        yield
+    finally:
+        _CALL.cancel = previous
+
+
+def cancel_event():
+    """The Event of the call this thread runs, or None outside one."""
+    return getattr(_CALL, "cancel", None)
+
+
+def check_cancelled(event=None):
+    event = event or cancel_event()
+    if event is not None and event.is_set():
+        raise Cancelled(CANCELLED_TEXT)
+
+
 def describe_os_error(exc):
     """A one-line description of an OSError, without a traceback."""
     name = getattr(exc, "filename", None)
@@ -299,13 +336,21 @@ def in_parallel(fn, items, *, minimum=8):
     the exception of the earliest failing item is raised.
     """
     items = list(items)
+    cancel = cancel_event()  # checked between items, in the caller's thread
     if (len(items) < minimum or WORK_THREADS < 2
             or threading.current_thread().name.startswith("tc-work")):
-        return [fn(item) for item in items]  # few items, one core's worth, or nested
+        if cancel is None:
+            return [fn(item) for item in items]  # few items, one core's worth, or nested
+        results = []
+        for item in items:
+            check_cancelled(cancel)
+            results.append(fn(item))
+        return results
     pool = _pool(_WORK_POOL, WORK_THREADS, "tc-work")
     results, window = [], collections.deque()
     try:
         for item in items:
+            check_cancelled(cancel)
             window.append(pool.submit(fn, item))
             if len(window) >= 4 * WORK_THREADS:
                 # Leaves the window only once done: an interrupt while
@@ -526,7 +571,16 @@ class StoreLock:
         self._fd = None
 
     def __enter__(self):
-        if not self._rlock.acquire(timeout=self.timeout):
+        cancel = cancel_event()
+        if cancel is None:
+            taken = self._rlock.acquire(timeout=self.timeout)
+        else:  # in slices, so a cancelled call stops waiting
+            deadline = time.monotonic() + self.timeout
+            while not (taken := self._rlock.acquire(timeout=0.05)):
+                check_cancelled(cancel)
+                if time.monotonic() > deadline:
+                    break
+        if not taken:
             raise Conflict("the store %r is busy; try again" % os.path.dirname(self.path))
         try:
             if self._depth == 0:
@@ -552,9 +606,11 @@ class StoreLock:
             return
         deadline = time.monotonic() + self.timeout
         delay = 0.002
+        cancel = cancel_event()
         while not _try_lock(fd):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
                 os.close(fd)
+                check_cancelled(cancel)
                 raise Conflict("the store %r is locked by another process; try again"
                                % os.path.dirname(self.path))
             time.sleep(delay)
@@ -902,8 +958,11 @@ def scan_tree(root, policy, dirs=None):
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
+    cancel = cancel_event()
     stack = [("", False, None)]
     while stack:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(CANCELLED_TEXT)
         prefix, in_sensitive, inode = stack.pop()
         try:
             it = os.scandir(os.path.join(root, prefix) if prefix else root)
@@ -5263,6 +5322,7 @@ class Checkpoints:
         payloads = ws.store.payloads
         written, made = set(), set()
         for number in ws.records.step_numbers():
+            check_cancelled()
             step = ws.records.read_step(number)
             entries = ws.records.manifests.load(step["manifest"])
             for kind, sha, _size, mode, _m in entries.values():
@@ -5321,6 +5381,7 @@ class Checkpoints:
                 overwritten.append(rel)
             journal.add_entry(rel, (have[1], have[3]) if have else None)
         for sha in carried_history_shas(package, desc):
+            check_cancelled()
             payloads.put_file(os.path.join(package, "history", "payload", sha))
         new_payloads = payloads.pending[before_pending:] + payloads.missing(
             [f["sha256"] for f in desc["files"]])

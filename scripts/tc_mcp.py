@@ -4,8 +4,10 @@ Protocol: JSON-RPC 2.0, one message per line, UTF-8 both ways; one response
 line per request and none for a notification; stdout carries frames only
 (logs go to stderr and the store's server.log). Requests are handled one at
 a time in arrival order; the watcher thread shares the store with them
-through the store lock. Every malformed line gets an error and the server
-keeps serving.
+through the store lock. A reader thread takes the lines in as they come, so
+a notifications/cancelled stops the tool call it names while that call
+runs, or keeps it from starting. Every malformed line gets an error and the
+server keeps serving.
 
 Command line: no argument starts the server; --version, --help,
 --print-skill, --skill-path and --install-skill DIR [--force]. An argument
@@ -34,6 +36,7 @@ def _drop_working_directory():
 if __name__ == "__main__" and __spec__ is not None:
     _drop_working_directory()
 
+import collections  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -70,6 +73,8 @@ RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
 DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
+INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
+INBOX_LINES = 256
 PROGRESS_EVERY = 1.0  # seconds between progress notices of a call that asked for them
 
 
@@ -572,8 +577,9 @@ class Heartbeat:
     the seconds spent so far, so it grows with every notice; there is no
     total."""
 
-    def __init__(self, send, token, name):
+    def __init__(self, send, token, name, cancel=None):
         self.send, self.token, self.name = send, token, name
+        self.cancel = cancel  # a cancelled call sends no more progress
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 
@@ -588,6 +594,8 @@ class Heartbeat:
     def _run(self):
         started = time.monotonic()
         while not self._done.wait(PROGRESS_EVERY):
+            if self.cancel is not None and self.cancel.is_set():
+                return
             elapsed = time.monotonic() - started
             try:
                 self.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
@@ -605,6 +613,77 @@ def progress_token(params):
     return None
 
 
+def id_key(value):
+    """A request id as a dict key (a string and a number never match), or
+    None for what cannot be a request id."""
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return ("n", value)
+    return None
+
+
+CANCEL_METHOD = "notifications/cancelled"
+
+
+def cancelled_request(raw):
+    """The id key of the request a notifications/cancelled line names, or None."""
+    if CANCEL_METHOD.encode() not in raw:
+        return None
+    try:
+        message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant,
+                             parse_float=finite_float)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if (not isinstance(message, dict) or message.get("method") != CANCEL_METHOD
+            or "id" in message or message.get("jsonrpc") != "2.0"
+            or not isinstance(message.get("params"), dict)):
+        return None
+    return id_key(message["params"].get("requestId"))
+
+
+class Cancels:
+    """Cancellations, seen by the reader thread the moment they arrive.
+
+    Each line gets a sequence number as it is read. A cancel applies to the
+    tools/call with its id that is running, or queued before it; never to a
+    later request that reuses the id. A cancelled call that has not started
+    is skipped; a running one stops at its next safe point (tc.cancellable).
+    Either way no response is sent, as the protocol asks."""
+
+    LIMIT = 1024  # cancels remembered; the oldest is forgotten first
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen = {}  # id key -> sequence number of the newest cancel naming it
+        self._running = None  # (id key, sequence number, Event) of the running call
+
+    def seen(self, key, seq):
+        with self._lock:
+            self._seen.pop(key, None)
+            if len(self._seen) >= self.LIMIT:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[key] = seq
+            running = self._running
+            if running is not None and running[0] == key and running[1] < seq:
+                running[2].set()
+
+    def start(self, msg_id, seq):
+        """The Event of a tools/call about to run, or None when it was
+        cancelled while it waited in line."""
+        key = id_key(msg_id)
+        event = threading.Event()
+        with self._lock:
+            if self._seen.get(key, -1) > seq:
+                return None
+            self._running = (key, seq, event)
+        return event
+
+    def finish(self):
+        with self._lock:
+            self._running = None
+
+
 class Server:
     """Maps JSON-RPC messages to Checkpoints calls."""
 
@@ -612,6 +691,7 @@ class Server:
         self.cp = checkpoints
         self.log = log
         self.send = send  # writes a notification to the client (None: none are sent)
+        self.cancels = Cancels()
         self.methods = {
             "initialize": self.initialize,
             "server/discover": self.discover,
@@ -662,7 +742,7 @@ class Server:
         token = progress_token(params)
         if token is None or self.send is None:
             return self.run_tool(name, normalized(arguments, schema))
-        with Heartbeat(self.send, token, name):
+        with Heartbeat(self.send, token, name, tc.cancel_event()):
             return self.run_tool(name, normalized(arguments, schema))
 
     def run_tool(self, name, arguments):
@@ -684,8 +764,9 @@ class Server:
         if isinstance(store, str) and store not in self.log.store_dirs:
             self.log.store_dirs[:] = [store]
 
-    def handle_line(self, raw):
-        """One input line -> the response object, or None for a notification."""
+    def handle_line(self, raw, seq=None):
+        """One input line -> the response object, or None for a notification
+        (and for a cancelled call). seq: the line's number from the reader."""
         try:
             message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant,
                                  parse_float=finite_float)
@@ -696,9 +777,9 @@ class Server:
                                   "one request per line")
         if not isinstance(message, dict):
             return error_response(None, INVALID_REQUEST, "a request must be a JSON object")
-        return self.handle_message(message)
+        return self.handle_message(message, seq)
 
-    def handle_message(self, message):
+    def handle_message(self, message, seq=None):
         has_id = "id" in message
         msg_id = message.get("id")
         method = message.get("method")
@@ -725,12 +806,39 @@ class Server:
                 raise RpcError(METHOD_NOT_FOUND, "method %r not found" % method)
             if params is not None and not isinstance(params, (dict, list)):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
-            result = self.dispatch(handler, params or {}, method)
+            if method == "tools/call" and seq is not None:
+                result = self.cancellable_call(handler, params or {}, msg_id, seq)
+                if result is None:
+                    return None
+            else:
+                result = self.dispatch(handler, params or {}, method)
         except RpcError as exc:
             return error_response(msg_id, exc.code, exc.message, exc.data)
         if enveloped or method == "server/discover":
             result = envelope_result(method, result)
         return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+    def cancellable_call(self, handler, params, msg_id, seq):
+        """A tools/call that a notifications/cancelled can stop; None when it
+        was cancelled (what it did is logged: nothing, or all of it)."""
+        name = params.get("name") if isinstance(params, dict) else None
+        event = self.cancels.start(msg_id, seq)
+        if event is None:
+            self.log("tools/call %r (id %r) was cancelled before it started" % (name, msg_id))
+            return None
+        try:
+            with tc.cancellable(event):
+                result = self.dispatch(handler, params, "tools/call")
+        finally:
+            self.cancels.finish()
+        if not event.is_set():
+            return result
+        content = result.get("content") if isinstance(result, dict) else None
+        outcome = content[0].get("text", "") if content else ""
+        self.log("tools/call %r (id %r) was cancelled; it %s: %s" % (
+            name, msg_id, "stopped" if result.get("isError") else "had finished",
+            outcome[:300]))
+        return None
 
     def dispatch(self, handler, params, method):
         try:
@@ -819,6 +927,54 @@ def encode(message):
         return text.encode("utf-8") + b"\n"
 
 
+class Inbox:
+    """Lines read ahead of the one being handled, bounded in bytes and count
+    (one line always fits, however long); END after the last."""
+
+    END = object()
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._lines = collections.deque()
+        self._bytes = 0
+
+    def put(self, item):
+        size = len(item[1]) if isinstance(item, tuple) and item[1] else 0
+        with self._cond:
+            while self._lines and (self._bytes + size > INBOX_BYTES
+                                   or len(self._lines) >= INBOX_LINES):
+                self._cond.wait()
+            self._lines.append(item)
+            self._bytes += size
+            self._cond.notify_all()
+
+    def get(self):
+        with self._cond:
+            while not self._lines:
+                self._cond.wait()
+            item = self._lines.popleft()
+            if isinstance(item, tuple) and item[1]:
+                self._bytes -= len(item[1])
+            self._cond.notify_all()
+            return item
+
+
+def read_ahead(instream, inbox, cancels):
+    """The reader thread: every line into the inbox as (sequence number, line),
+    cancellations noted on the way; END when the input ends or fails."""
+    try:
+        for seq, raw in enumerate(read_lines(instream, LINE_LIMIT)):
+            if raw is not None:
+                key = cancelled_request(raw)
+                if key is not None:
+                    cancels.seen(key, seq)
+            inbox.put((seq, raw))
+    except (OSError, ValueError):
+        pass
+    finally:
+        inbox.put(Inbox.END)
+
+
 def read_lines(instream, limit):
     """The lines of instream; None in place of a line longer than limit, whose
     bytes are skipped up to its end without being kept."""
@@ -847,16 +1003,23 @@ def serve(instream, outstream, checkpoints=None, log=None):
             outstream.flush()
 
     server = Server(checkpoints, log, send)
+    inbox = Inbox()
+    threading.Thread(target=read_ahead, args=(instream, inbox, server.cancels),
+                     name="stdin", daemon=True).start()
     checkpoints.start_watcher()
     try:
-        for raw in read_lines(instream, LINE_LIMIT):
+        while True:
+            item = inbox.get()
+            if item is Inbox.END:
+                break
+            seq, raw = item
             if raw is None:
                 response = error_response(None, INVALID_REQUEST, "request line longer than "
                                           "%d MiB; it was not read" % (LINE_LIMIT >> 20))
             elif not raw.strip():
                 continue
             else:
-                response = server.handle_line(raw.strip())
+                response = server.handle_line(raw.strip(), seq)
             if response is not None:
                 send(response)
     finally:
