@@ -274,13 +274,15 @@ class Generator:
             msg["method"] = r.choice(["initialize", "ping", "tools/list", "tools/call",
                                       "notifications/initialized", "resources/list", "", None,
                                       5, ["ping"], "\ud800", "tools/call\x00",
-                                      "server/discover"])
+                                      "server/discover", "notifications/cancelled"])
         if r.random() < 0.7:
             msg["params"] = r.choice([
                 {}, [], None, 1, "x", True, [1],
                 {"protocolVersion": r.choice(["2025-06-18", "1999-01-01", 5, None])},
                 {"name": r.choice(list(TOOLS) + ["nope", 5, None, ""]), "arguments": self.value()},
                 {"name": r.choice(TOOLS), "arguments": None},
+                {"requestId": r.choice([self.next_id(), 1, "1", None, [1], {}, 1e300,
+                                        "\ud800", True])},
                 {"_meta": self.meta()}])
         return msg
 
