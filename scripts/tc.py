@@ -1568,6 +1568,21 @@ class PayloadStore:
             raise
         return sha, total, written
 
+    def discard(self, paths):
+        """Remove payloads this process has just written and nothing records
+        yet (a snapshot that failed or was cancelled part-way), so a full
+        disk gets its space back. Only for payloads the caller created under
+        the store lock: no other writer can have relied on them."""
+        gone = set()
+        for path in paths:
+            try:
+                remove_file(path)
+                gone.add(path)
+            except OSError:
+                self.suspect = True  # checked again at the next lock
+        if gone:
+            self.pending = [p for p in self.pending if p not in gone]
+
     def flush(self):
         """Make every payload written since the last flush durable.
 
@@ -4419,7 +4434,12 @@ class Checkpoints:
             except OSError as exc:
                 return exc
 
-        for (rel, info), got in zip(to_read, in_parallel(read, to_read)):
+        try:
+            got_all = in_parallel(read, to_read)
+        except BaseException:  # a full store, a cancel: what was stored is nobody's yet
+            ws.store.payloads.discard(created)
+            raise
+        for (rel, info), got in zip(to_read, got_all):
             if isinstance(got, OSError):
                 skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(got)})
                 continue

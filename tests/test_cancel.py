@@ -172,12 +172,18 @@ class CancelledMidwayTest(WorkspaceTest):
         directory = os.path.join(self.store, "journal")
         return os.listdir(directory) if os.path.isdir(directory) else []
 
+    def payload_names(self):
+        return sorted(name for _dir, _dirs, names in os.walk(os.path.join(self.store, "payload"))
+                      for name in names)
+
     def test_a_save_stops_between_files_and_records_nothing(self):
         self.change_every_file("second")
+        stored = self.payload_names()
         trigger = Trigger(self, tc.PayloadStore, "put_file", after=5)
         with tc.cancellable(trigger.event), self.assertRaises(tc.Cancelled):
             self.cp.save(self.root, "two")
         self.assertLess(trigger.calls, self.FILES, "the save read every file after the cancel")
+        self.assertEqual(self.payload_names(), stored, "content stored before the cancel is kept")
         show = self.cp.show(self.root)
         self.assertEqual([s["title"] for s in show["steps"]], ["one"])
         self.assertEqual(self.cp.save(self.root, "two")["index"], 2)

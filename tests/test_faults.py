@@ -4,6 +4,7 @@ Needs root to mount a small tmpfs; skipped otherwise.
 """
 
 import os
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -59,6 +60,28 @@ class FullDiskTest(unittest.TestCase):
         self.srv.ok("tc_restore", root=self.root, index=1, apply=True)
         with open(os.path.join(self.root, "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), b"one\n")
+
+
+    def test_a_store_that_fills_up_gives_its_space_back(self):
+        # The workspace is elsewhere; only the store is on the small disk.
+        self.root = os.path.join(os.path.dirname(self.mount), os.path.basename(self.mount) + "-ws")
+        os.makedirs(self.root)
+        self.addCleanup(shutil.rmtree, self.root, True)
+        for n in range(30):
+            write(self.root, "f%02d.bin" % n, os.urandom(50_000).hex())  # 3 MB in all
+        srv = Server(env={"TC_STORE": os.path.join(self.mount, "store")})
+        srv.initialize()
+        self.addCleanup(srv.close)
+        res = srv.call("tc_init", root=self.root, name="full")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("No space left", res.text)
+        payloads = os.path.join(self.mount, "store", "payload")
+        left = [name for _dir, _dirs, names in os.walk(payloads) for name in names]
+        self.assertEqual(left, [], "the failed init kept the content it had stored")
+        for n in range(15, 30):
+            os.remove(os.path.join(self.root, "f%02d.bin" % n))
+        srv.ok("tc_init", root=self.root, name="fits")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
 
 
 if __name__ == "__main__":
