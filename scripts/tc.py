@@ -4631,11 +4631,20 @@ class Checkpoints:
             if ws.records.read_state()["status"] == "closed":
                 raise TaskClosed("task %r is closed; it stays readable, start a new one with "
                                  "tc_init" % ws.task_id)
-            changed = self._activate(ws)
+            # The snapshot comes first: it is the last point where a cancel
+            # stops the save, and nothing may be written before it.
+            old_index = ws.records.read_index()
+            snap = self._snapshot(ws, store_content=True)
+            try:
+                changed = self._activate(ws)
+            except BaseException:
+                ws.store.payloads.discard(snap.created)
+                raise
             state = ws.state = ws.records.read_state()
-            result = self._commit_step(ws, state, title.strip(), description or "",
-                                       conclusion or "", next or "", list(verified or ()),
-                                       list(open_questions or ()), bool(close))
+            result = self._commit_step(ws, state, old_index, snap, title.strip(),
+                                       description or "", conclusion or "", next or "",
+                                       list(verified or ()), list(open_questions or ()),
+                                       bool(close))
             # Inside the lock, so concurrent saves chain their refs in step order.
             step = result.pop("_step", None)
             result["git"] = (self._git_ref(ws, step) if step is not None
@@ -4663,12 +4672,11 @@ class Checkpoints:
         ws.store.write_current(active)
         return True
 
-    def _commit_step(self, ws, state, title, description, conclusion, next_step,
-                     verified, open_questions, close):
-        """The save pipeline: payloads -> (drift) -> manifest -> step -> state -> index."""
+    def _commit_step(self, ws, state, old_index, snap, title, description, conclusion,
+                     next_step, verified, open_questions, close):
+        """The save pipeline after the snapshot (its payloads written):
+        (drift) -> manifest -> step -> state -> index."""
         state_before = dict(state)
-        old_index = ws.records.read_index()
-        snap = self._snapshot(ws, store_content=True)
         old_entries = ws.records.index_entries(old_index)
         drift_id = None
         later = []  # records made durable together with the payloads, before the state
@@ -4992,8 +5000,13 @@ class Checkpoints:
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                 skipped=snap.skipped, policy=self._policy(ws))
             if apply:
-                snap, changed = self._secure_undo(ws, snap,
-                                                  plan["to_delete"] + plan["to_replace"])
+                created = snap.created
+                try:
+                    snap, changed = self._secure_undo(ws, snap,
+                                                      plan["to_delete"] + plan["to_replace"])
+                except BaseException:
+                    ws.store.payloads.discard(created)  # nothing records them yet
+                    raise
                 if changed:
                     plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                         skipped=snap.skipped, policy=self._policy(ws))
@@ -5028,16 +5041,23 @@ class Checkpoints:
     def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after):
         journal = Journal(ws.store, "restore", ws.root)
         current = snap.entries
-        for rel in plan["to_delete"] + plan["to_replace"]:
-            journal.add_entry(rel, (current[rel][1], current[rel][3]))
-        for rel in plan["to_write"]:
-            journal.add_entry(rel, None)
-        journal.data["created_dirs"] = missing_dirs(ws.root, plan["to_write"] + plan["to_replace"])
-        journal.add_store_new(ws.records.manifests.path(state["last_manifest"] + 1))
-        journal.add_store_new(ws.records.drift_path(state["last_drift"] + 1))
-        journal.backup_store_file(ws.records.state_path)
-        journal.backup_store_file(ws.records.index_path)
-        journal.backup_store_file(ws.records.index_log_path)
+        try:
+            for rel in plan["to_delete"] + plan["to_replace"]:
+                journal.add_entry(rel, (current[rel][1], current[rel][3]))
+            for rel in plan["to_write"]:
+                journal.add_entry(rel, None)
+            journal.data["created_dirs"] = missing_dirs(ws.root,
+                                                        plan["to_write"] + plan["to_replace"])
+            journal.add_store_new(ws.records.manifests.path(state["last_manifest"] + 1))
+            journal.add_store_new(ws.records.drift_path(state["last_drift"] + 1))
+            journal.backup_store_file(ws.records.state_path)
+            journal.backup_store_file(ws.records.index_path)
+            journal.backup_store_file(ws.records.index_log_path)
+        except BaseException:
+            # Before the journal begins, the undo content is nobody's; after,
+            # only the journal's rollback may remove it (it may still need it).
+            ws.store.payloads.discard(snap.created)
+            raise
         journal.begin(payloads_new=snap.created)
         try:
             stats = self._apply_plan(ws, journal, target, plan)
@@ -5379,9 +5399,30 @@ class Checkpoints:
         """Journal, write and record an import; returns the recovered drift id
         when files already in the workspace were overwritten (None otherwise)."""
         payloads = ws.store.payloads
-        before_pending = len(payloads.pending)
         # The workspace as it is, content stored: the undo point for overwritten files.
         pre = self._snapshot(ws, store_content=True)
+        history = []  # payloads this import stored from the package's history
+        try:
+            pre, journal, overwritten, fulls, new_payloads = self._import_plan(
+                ws, package, desc, pre, history)
+        except BaseException:
+            # Before the journal begins, what this import stored is nobody's.
+            payloads.discard(pre.created + history)
+            raise
+        journal.begin(payloads_new=new_payloads + pre.created)
+        try:
+            recovered = self._import_apply(ws, journal, package, desc, pre, overwritten, fulls)
+        except BaseException as exc:
+            self._undo(journal, "import", exc)
+        journal.finish()
+        return recovered
+
+    def _import_plan(self, ws, package, desc, pre, history):
+        """The import's journal, not yet begun, with what it must know: the
+        snapshot with its undo content secured, the files it overwrites,
+        their absolute paths, and the payloads it adds (history: those stored
+        from the package's history, as they are stored)."""
+        payloads = ws.store.payloads
         pre, _ = self._secure_undo(ws, pre, [f["path"] for f in desc["files"]])
         journal = Journal(ws.store, "import", ws.root)
         overwritten = []
@@ -5402,19 +5443,14 @@ class Checkpoints:
             journal.add_entry(rel, (have[1], have[3]) if have else None)
         for sha in carried_history_shas(package, desc):
             check_cancelled()
-            payloads.put_file(os.path.join(package, "history", "payload", sha))
-        new_payloads = payloads.pending[before_pending:] + payloads.missing(
-            [f["sha256"] for f in desc["files"]])
+            written = payloads.put_file(os.path.join(package, "history", "payload", sha))[3]
+            if written:
+                history.append(written)
+        new_payloads = history + payloads.missing([f["sha256"] for f in desc["files"]])
         journal.data["created_dirs"] = missing_dirs(ws.root, [f["path"] for f in desc["files"]])
         journal.data["store_new_dirs"] = [os.path.relpath(ws.records.directory, ws.store.directory)]
         journal.backup_store_file(ws.store.current_path)
-        journal.begin(payloads_new=new_payloads + pre.created)
-        try:
-            recovered = self._import_apply(ws, journal, package, desc, pre, overwritten, fulls)
-        except BaseException as exc:
-            self._undo(journal, "import", exc)
-        journal.finish()
-        return recovered
+        return pre, journal, overwritten, fulls, new_payloads
 
     def _import_apply(self, ws, journal, package, desc, pre, overwritten, fulls):
         """Write the package's files (paths checked by the caller, fulls: rel ->

@@ -98,6 +98,17 @@ class CancelOverStdioTest(WorkspaceTest):
         self.assertIn("'tc_save' (id 100) was cancelled; it stopped", self.log())
         self.assertEqual(self.srv.ok("tc_save", root=self.root, title="two")["index"], 2)
 
+    def test_a_cancel_behind_a_thousand_queued_requests_still_stops_the_call(self):
+        fd = self.hold_store_lock()
+        self.srv.send_raw(tool_line(300, "tc_save", root=self.root, title="two").encode())
+        self.wait_until_waiting_for_the_lock()
+        pings = "".join(request_line(1000 + n, "ping") for n in range(1000))
+        self.srv.send_raw((pings + cancel_line(300)).encode())
+        answered = [self.srv.read_line()["id"] for _ in range(1000)]
+        self.assertEqual(answered, list(range(1000, 2000)))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self.assertEqual(self.titles(), ["one"])
+
     def test_a_queued_call_that_is_cancelled_never_runs_and_its_id_can_be_used_again(self):
         fd = self.hold_store_lock()
         self.srv.send_raw((tool_line(200, "tc_save", root=self.root, title="two")
@@ -172,9 +183,21 @@ class CancelledMidwayTest(WorkspaceTest):
         directory = os.path.join(self.store, "journal")
         return os.listdir(directory) if os.path.isdir(directory) else []
 
-    def payload_names(self):
-        return sorted(name for _dir, _dirs, names in os.walk(os.path.join(self.store, "payload"))
-                      for name in names)
+    def payload_names(self, store=None):
+        payload = os.path.join(store or self.store, "payload")
+        return sorted(name for _dir, _dirs, names in os.walk(payload) for name in names)
+
+    def test_a_save_for_another_task_that_is_cancelled_leaves_the_active_task_alone(self):
+        first = self.task
+        second = self.cp.init(self.root, "second")["task_id"]
+        self.change_every_file("second")
+        event = threading.Event()
+        event.set()
+        with tc.cancellable(event), self.assertRaises(tc.Cancelled):
+            self.cp.save(self.root, "two", task_id=first)
+        resumed = self.cp.resume(self.root)
+        self.assertEqual(resumed["task_id"], second)
+        self.assertEqual(self.cp.show(self.root, task_id=first)["status"], "suspended")
 
     def test_a_save_stops_between_files_and_records_nothing(self):
         self.change_every_file("second")
@@ -231,8 +254,26 @@ class CancelledMidwayTest(WorkspaceTest):
             self.cp.import_package(fresh, package)
         self.assertIn("cancelled by the client", str(caught.exception))
         self.assertEqual(snapshot(fresh), {})
+        self.assertEqual(self.payload_names(os.path.join(fresh, ".checkpoints")), [])
         self.assertEqual(self.cp.import_package(fresh, package)["task_id"], self.task)
         self.assertEqual(len(snapshot(fresh)), self.FILES)
+
+    def test_an_import_cancelled_while_it_stores_the_history_keeps_none_of_it(self):
+        self.change_every_file("second")
+        self.cp.save(self.root, "two")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = self.cp.export(self.root, out, history=True)["path"]
+        fresh = os.path.join(self.tmp, "fresh")
+        os.makedirs(fresh)
+        write(fresh, "notes.txt", "kept\n")  # stored by the import's first snapshot
+        trigger = Trigger(self, tc.PayloadStore, "put_file", after=3)
+        with tc.cancellable(trigger.event), self.assertRaises(tc.Cancelled):
+            self.cp.import_package(fresh, package)
+        self.assertGreaterEqual(trigger.calls, 3, "the cancel came before the history")
+        self.assertEqual({rel: data for rel, (data, _mode) in snapshot(fresh).items()},
+                         {"notes.txt": b"kept\n"})
+        self.assertEqual(self.payload_names(os.path.join(fresh, ".checkpoints")), [])
 
     def test_an_export_stops_part_way_and_leaves_no_package(self):
         out = os.path.join(self.tmp, "out")
