@@ -74,7 +74,8 @@ DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
-INBOX_LINES = 256
+INBOX_LINES = 20_000
+CANCEL_LINE_LIMIT = 64 * 1024  # a longer line is never taken for a cancel
 PROGRESS_EVERY = 1.0  # seconds between progress notices of a call that asked for them
 
 
@@ -628,7 +629,7 @@ CANCEL_METHOD = "notifications/cancelled"
 
 def cancelled_request(raw):
     """The id key of the request a notifications/cancelled line names, or None."""
-    if CANCEL_METHOD.encode() not in raw:
+    if len(raw) > CANCEL_LINE_LIMIT or CANCEL_METHOD.encode() not in raw:
         return None
     try:
         message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant,
@@ -928,8 +929,11 @@ def encode(message):
 
 
 class Inbox:
-    """Lines read ahead of the one being handled, bounded in bytes and count
-    (one line always fits, however long); END after the last."""
+    """Lines read ahead of the one being handled; END after the last.
+
+    The reader waits for room before it reads a line, so what is held is at
+    most INBOX_BYTES and INBOX_LINES plus the one line read last, however
+    long. Cancels are not held: the reader acts on them itself."""
 
     END = object()
 
@@ -938,12 +942,14 @@ class Inbox:
         self._lines = collections.deque()
         self._bytes = 0
 
+    def wait_for_room(self):
+        with self._cond:
+            while self._bytes >= INBOX_BYTES or len(self._lines) >= INBOX_LINES:
+                self._cond.wait()
+
     def put(self, item):
         size = len(item[1]) if isinstance(item, tuple) and item[1] else 0
         with self._cond:
-            while self._lines and (self._bytes + size > INBOX_BYTES
-                                   or len(self._lines) >= INBOX_LINES):
-                self._cond.wait()
             self._lines.append(item)
             self._bytes += size
             self._cond.notify_all()
@@ -963,12 +969,19 @@ def read_ahead(instream, inbox, cancels):
     """The reader thread: every line into the inbox as (sequence number, line),
     cancellations noted on the way; END when the input ends or fails."""
     try:
-        for seq, raw in enumerate(read_lines(instream, LINE_LIMIT)):
-            if raw is not None:
-                key = cancelled_request(raw)
-                if key is not None:
-                    cancels.seen(key, seq)
-            inbox.put((seq, raw))
+        lines = read_lines(instream, LINE_LIMIT)
+        seq = 0
+        while True:
+            inbox.wait_for_room()
+            raw = next(lines, Inbox.END)
+            if raw is Inbox.END:
+                break
+            key = cancelled_request(raw) if raw is not None else None
+            if key is not None:
+                cancels.seen(key, seq)  # a notification: nothing else is done with it
+            else:
+                inbox.put((seq, raw))
+            seq += 1
     except (OSError, ValueError):
         pass
     finally:
@@ -1116,11 +1129,20 @@ def main(argv=None):
 
 
 def run_stdio():
-    """Serve on the real stdio; anything printed by accident goes to stderr."""
+    """Serve on the real stdio; anything printed by accident goes to stderr.
+
+    The reader thread gets a stream of its own on a copy of stdin's
+    descriptor: were it blocked in sys.stdin's buffer when the server stops
+    (Ctrl-C, a client that went away), Python could not close that buffer
+    at exit and would abort."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
     try:
-        return serve(sys.stdin.buffer, out)
+        instream = open(os.dup(sys.stdin.fileno()), "rb")
+    except (OSError, ValueError, AttributeError):
+        instream = sys.stdin.buffer
+    try:
+        return serve(instream, out)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:

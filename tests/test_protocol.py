@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import unittest
 
@@ -499,6 +500,25 @@ class StreamTest(ProtocolTest):
         srv = self.server()
         srv.proc.stdin.close()
         self.assertEqual(srv.proc.wait(timeout=20), 0, srv.stderr)
+
+    def assert_ended_cleanly(self, srv):
+        code = srv.proc.wait(timeout=20)
+        srv._err_thread.join(timeout=5)
+        self.assertNotIn("Fatal Python error", srv.stderr)
+        self.assertEqual(code, 0, srv.stderr)
+
+    def test_ctrl_c_ends_the_server_cleanly(self):
+        # The server has a thread blocked reading stdin at that moment.
+        srv = self.server()
+        self.assertEqual(srv.request("ping")["result"], {})
+        srv.proc.send_signal(signal.SIGINT)
+        self.assert_ended_cleanly(srv)
+
+    def test_a_client_that_stops_reading_ends_the_server_cleanly(self):
+        srv = self.server()
+        srv.proc.stdout.close()
+        srv.send_raw(b'{"jsonrpc": "2.0", "id": 5, "method": "ping"}\n')
+        self.assert_ended_cleanly(srv)
 
     def test_non_ascii_round_trip(self):
         srv = self.server()
