@@ -18,6 +18,12 @@ captures, and kills the first server with SIGKILL after a random delay
 - with --git: HEAD, branches, tags and the user's index are untouched and
   `git fsck` is clean.
 
+With --cancel the call is not killed but cancelled: after the same random
+delay a notifications/cancelled names it, and the same checks run once the
+server has answered a ping sent behind the cancel. The call must either
+have finished (answered or not) or have left no trace: the workspace as
+before, no journal pending.
+
 Prints one line per round and exits 1 when any check failed; the workspace
 is kept then (and with --keep). Standard library only; not part of the unit
 test suite. The seed in use is printed so that a run can be replayed.
@@ -27,6 +33,7 @@ import argparse
 import hashlib
 import json
 import os
+import queue
 import random
 import shutil
 import subprocess
@@ -163,13 +170,17 @@ class Chaos:
                                  self.rng.uniform(0, 0.3)])
         time.sleep(delay)
         reply = srv.poll_reply(request)
-        srv.kill()
+        if self.args.cancel:
+            reply, label = self.cancel(srv, request, reply, number, op, delay)
+        else:
+            srv.kill()
+            label = "round %d %s, killed after %.3f s%s" % (
+                number, op, delay, " (it had answered)" if reply else "")
         if helper:
             helper.join()
             other.close()
-        label = "round %d %s, killed after %.3f s%s" % (
-            number, op, delay, " (it had answered)" if reply else "")
-        srv = self.server()
+        if not self.args.cancel:
+            srv = self.server()
         self.check(srv, label, before, targets, op)
         if reply and "result" in reply and not reply["result"].get("isError"):
             recovered = (reply["result"].get("structuredContent") or {}).get("recovered")
@@ -177,6 +188,29 @@ class Chaos:
         print("%s %s" % ("FAIL" if any(p.startswith(label) for p in self.problems)
                          else "ok  ", label), flush=True)
         return srv
+
+    def cancel(self, srv, request, reply, number, op, delay):
+        """Cancel the request, then wait for a ping sent behind the cancel:
+        (the call's reply if it came, the round's label)."""
+        if reply is None:
+            srv.send("notifications/cancelled", {"requestId": request, "reason": "chaos"},
+                     notify=True)
+        ping = srv.send("ping")
+        while True:
+            try:
+                msg = srv.replies.get(timeout=drill.REPLY_TIMEOUT)
+            except queue.Empty:
+                msg = None
+            if msg is None:
+                self.problem("round %d %s" % (number, op), "no answer to a ping after the "
+                             "cancel; stderr: %s" % srv.stderr_text()[-500:])
+                break
+            if msg.get("id") == request:
+                reply = msg
+            elif msg.get("id") == ping:
+                break
+        return reply, "round %d %s, cancelled after %.3f s%s" % (
+            number, op, delay, " (it had answered)" if reply else "")
 
     def busy(self, other, number):
         try:
@@ -260,12 +294,28 @@ class Chaos:
                 srv = self.round(srv, number)
         finally:
             srv.close()
+        if self.args.cancel:
+            print("cancelled calls (server.log): %s" % self.cancel_outcomes())
         print("%d rounds, %d problems" % (self.args.rounds, len(self.problems)))
         if self.problems or self.args.keep:
             print("kept %s" % self.base)
         else:
             shutil.rmtree(self.base, ignore_errors=True)
         return 1 if self.problems else 0
+
+
+    def cancel_outcomes(self):
+        counts = {"stopped": 0, "had finished": 0, "before it started": 0}
+        try:
+            with open(os.path.join(self.root, ".checkpoints", "server.log"),
+                      encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    for outcome in counts:
+                        if "was cancelled" in line and outcome in line:
+                            counts[outcome] += 1
+        except OSError:
+            pass
+        return ", ".join("%d %s" % (n, outcome) for outcome, n in counts.items())
 
 
 def store_problems(store):
@@ -291,6 +341,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--cancel", action="store_true",
+                        help="cancel the call instead of killing the server")
     parser.add_argument("--git", action="store_true", help="run in a git repository")
     parser.add_argument("--keep", action="store_true", help="keep the workspace")
     args = parser.parse_args(argv)
