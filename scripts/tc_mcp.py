@@ -72,6 +72,9 @@ LIST_LIMIT = 1_000
 RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
 DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
+TEXT_BUDGET = 60_000  # UTF-8 bytes of free text (step texts, goal, handoff) in one result,
+TEXT_FLOOR = 100  # ... shared out so that no text is cut below this many bytes,
+TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
 INBOX_LINES = 20_000
@@ -130,11 +133,17 @@ GIT = {"type": "object", "properties": {
     "unchanged": {"type": ["boolean", "null"]}, "error": {"type": "string"}},
     "required": ["ok", "ref", "reason", "unchanged"]}
 OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
-           "description": "How many entries each long list of this result left out (lists "
-                          "stop at %d entries; %d for each drift tc_show lists and %d for "
-                          "its whole page), by the list's place in the result, e.g. "
-                          "'drift_paths', 'plan.to_replace', 'drifts.d0003.added'."
-                          % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT)}
+           "description": "What this result left out, by place in the result: for a "
+                          "long list the entries left out (lists stop at %d entries; %d for "
+                          "each drift tc_show lists and %d for its whole page; %d for a "
+                          "step's verified and open_questions), e.g. 'drift_paths', "
+                          "'plan.to_replace', 'drifts.d0003.added'; for a long text the "
+                          "characters left out (the texts of one result share %d bytes), "
+                          "e.g. "
+                          "'last.conclusion', 'steps.s0003.verified.0'. The records keep "
+                          "everything."
+                          % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT,
+                             TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -509,8 +518,97 @@ def bound_lists(name, result):
                     room -= len(view[key])
             drifts.append(view)
         result["drifts"] = drifts
+    if name in ("tc_resume", "tc_show"):
+        bound_texts(text_slots(result, omitted), omitted)
     result["omitted"] = omitted
     return result
+
+
+STEP_TEXTS = ("title", "description", "conclusion", "next")
+STEP_TEXT_LISTS = ("verified", "open_questions")
+RESUME_TEXTS = ("name", "goal", "constraints", "next", "handoff")
+
+
+def text_slots(result, omitted):
+    """(holder, key, label) of each free text of a tc_resume or tc_show
+    result, in copies of their holders; lists of texts are cut to
+    TEXT_ITEMS_LIMIT items first."""
+    slots = []
+
+    def texts(holder, keys, prefix):
+        slots.extend((holder, key, prefix + key) for key in keys
+                     if isinstance(holder.get(key), str))
+
+    def text_list(holder, key, prefix):
+        values = holder.get(key)
+        if not isinstance(values, list):
+            return
+        if len(values) > TEXT_ITEMS_LIMIT:
+            omitted[prefix + key] = len(values) - TEXT_ITEMS_LIMIT
+        values = holder[key] = values[:TEXT_ITEMS_LIMIT]
+        slots.extend((values, i, "%s%s.%d" % (prefix, key, i))
+                     for i, value in enumerate(values) if isinstance(value, str))
+
+    texts(result, RESUME_TEXTS, "")
+    text_list(result, "open_questions", "")
+    if isinstance(result.get("last"), dict):
+        last = result["last"] = dict(result["last"])
+        texts(last, STEP_TEXTS, "last.")
+    if isinstance(result.get("steps"), list):
+        steps = result["steps"] = [dict(step) if isinstance(step, dict) else step
+                                   for step in result["steps"]]
+        for step in steps:
+            if isinstance(step, dict):
+                prefix = "steps.s%04d." % step.get("index", 0)
+                texts(step, STEP_TEXTS, prefix)
+                for key in STEP_TEXT_LISTS:
+                    text_list(step, key, prefix)
+    return slots
+
+
+def text_cap(lengths, budget):
+    """The largest cap c with sum(min(length, c)) <= budget (lengths sorted
+    in ascending order)."""
+    remaining = budget
+    for i, length in enumerate(lengths):
+        share = remaining // (len(lengths) - i)
+        if length > share:
+            return share
+        remaining -= length
+    return lengths[-1] if lengths else budget
+
+
+def utf8_size(text):
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def utf8_prefix(text, limit):
+    """The longest start of text whose UTF-8 form fits limit bytes."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    end = limit
+    while end > 0 and data[end] & 0xC0 == 0x80:  # not in the middle of a character
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass")
+
+
+def bound_texts(slots, omitted):
+    """Cut the longest texts, each to the same size, until all of them
+    together fit TEXT_BUDGET bytes (none below TEXT_FLOOR); short texts stay
+    whole. Sizes are UTF-8 bytes, which follow what a model is charged for a
+    text more closely than characters do. A cut text ends by saying how much
+    it left out."""
+    sizes = sorted(utf8_size(holder[key]) for holder, key, _label in slots)
+    if sum(sizes) <= TEXT_BUDGET:
+        return
+    cap = max(text_cap(sizes, TEXT_BUDGET), TEXT_FLOOR)
+    for holder, key, label in slots:
+        text = holder[key]
+        kept = utf8_prefix(text, cap)
+        if len(kept) < len(text):
+            holder[key] = "%s … [%d more characters]" % (kept, len(text) - len(kept))
+            omitted[label] = len(text) - len(kept)
 
 
 def tool_result(payload, *, is_error=False):

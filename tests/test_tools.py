@@ -6,11 +6,14 @@ declares for that tool, and its text content must be the same object as JSON.
 
 import json
 import os
+import random
 import re
 import shutil
+import sys
 import tempfile
 import unittest
 
+import support
 from support import Server, WorkspaceTest, tree_listing
 
 # The result fields the contract promises for each tool ("all present").
@@ -916,6 +919,54 @@ class LongListTest(ToolsTest):
         self.assertFalse(health["health"]["ok"])
         self.assertEqual(health["omitted"], {"health.errors": 5})
 
+    def test_long_step_texts_are_cut_to_one_budget_and_counted(self):
+        # A pasted log in a conclusion must not make every later resume too
+        # big for the client to pass on: the texts of one result share 60,000
+        # bytes, the longest cut first, and the records keep every character.
+        task = self.init()["task_id"]
+        log = "".join("测试 line %05d failed: expected 1, got 2\n" % n for n in range(4000))
+        self.assertGreater(len(log.encode()), 150_000)
+        saved = self.save("one", conclusion=log[:90_000], next="run the tests again",
+                          verified=["item %d " % n + log[:5_000] for n in range(30)],
+                          open_questions=["why %d?" % n for n in range(25)])
+        self.assertEqual(saved["omitted"], {})
+
+        resumed = self.ok("tc_resume", root=self.root)
+        self.assertEqual(resumed["next"], "run the tests again")  # short texts stay whole
+        self.assertEqual(resumed["last"]["title"], "one")
+        conclusion = resumed["last"]["conclusion"]
+        left = resumed["omitted"]["last.conclusion"]
+        self.assertTrue(conclusion.endswith(" … [%d more characters]" % left), conclusion[-80:])
+        self.assertEqual(conclusion[:len(conclusion) - len(" … [%d more characters]" % left)]
+                         + log[90_000 - left:90_000], log[:90_000])
+        self.assertEqual(len(resumed["open_questions"]), 20)
+        self.assertEqual(resumed["omitted"]["open_questions"], 5)
+        texts = [resumed[k] for k in ("name", "goal", "constraints", "next", "handoff")]
+        texts += list(resumed["last"].values()) + resumed["open_questions"]
+        self.assertLessEqual(sum(len(t.encode()) for t in texts), 60_000 + 40 * len(texts))
+
+        for shown in (self.ok("tc_show", root=self.root),
+                      self.ok("tc_show", root=self.root, index=1)):
+            step = shown["steps"][0]
+            self.assertEqual(len(step["verified"]), 20)
+            self.assertEqual(shown["omitted"]["steps.s0001.verified"], 10)
+            self.assertIn("steps.s0001.verified.0", shown["omitted"])
+            self.assertIn("steps.s0001.conclusion", shown["omitted"])
+            self.assertEqual(step["verified"][0][:12], "item 0 测试 li")
+            self.assertEqual(shown["omitted"]["steps.s0001.open_questions"], 5)
+            for label, count in shown["omitted"].items():
+                self.assertRegex(label, r"^steps\.s0001\.(conclusion|open_questions|"
+                                        r"verified(\.\d+)?)$")
+                self.assertGreater(count, 0)
+            size = len(json.dumps(shown, ensure_ascii=False).encode())
+            self.assertLess(size, 80_000)
+
+        with open(os.path.join(self.task_dir(task), "steps", "s0001.json"),
+                  encoding="utf-8") as fh:
+            record = json.load(fh)
+        self.assertEqual(record["conclusion"], log[:90_000])
+        self.assertEqual(len(record["verified"]), 30)
+
     def test_short_lists_come_whole(self):
         self.init()
         self.write("a.txt", "one\n")
@@ -924,6 +975,38 @@ class LongListTest(ToolsTest):
         resumed = self.ok("tc_resume", root=self.root)
         self.assertEqual((resumed["drift_paths"], resumed["omitted"]), (["a.txt"], {}))
         self.assertNotIn("omitted", self.ok("tc_compress", root=self.root))
+
+
+class TextBudgetTest(unittest.TestCase):
+    """The arithmetic of the text budget, on its own."""
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, support.SCRIPTS)
+        import tc_mcp
+        cls.m = tc_mcp
+
+    def test_the_cap_is_the_largest_that_fits(self):
+        rng = random.Random(7)
+        for _ in range(300):
+            lengths = sorted(rng.choice([rng.randint(0, 50), rng.randint(0, 5000)])
+                             for _ in range(rng.randint(1, 12)))
+            budget = rng.randint(0, sum(lengths) + 10)
+            cap = self.m.text_cap(lengths, budget)
+            self.assertLessEqual(sum(min(n, cap) for n in lengths), budget, (lengths, budget))
+            if cap < lengths[-1]:
+                self.assertGreater(sum(min(n, cap + 1) for n in lengths), budget)
+
+    def test_a_cut_never_splits_a_character(self):
+        text = "a😀é测\ud800b" * 5
+        for limit in range(0, len(text.encode("utf-8", "surrogatepass")) + 2):
+            kept = self.m.utf8_prefix(text, limit)
+            self.assertTrue(text.startswith(kept))
+            size = len(kept.encode("utf-8", "surrogatepass"))
+            self.assertLessEqual(size, limit)
+            if kept != text:  # one more character would not have fitted
+                self.assertGreater(len(text[:len(kept) + 1].encode("utf-8", "surrogatepass")),
+                                   limit)
 
 
 # A file name the atomic writer's temp files would have.
