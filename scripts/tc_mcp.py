@@ -72,9 +72,10 @@ LIST_LIMIT = 1_000
 RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
 DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
-TEXT_BUDGET = 60_000  # UTF-8 bytes of free text (step texts, goal, handoff) in one result,
-TEXT_FLOOR = 100  # ... shared out so that no text is cut below this many bytes,
-TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result
+TEXT_BUDGET = 60_000  # bytes of free text (step texts, goal, handoff) in one result,
+TEXT_FLOOR = 100  # ... shared out so that no text is cut below this (or its share),
+TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result,
+PAGE_ITEMS_LIMIT = 5  # ... of each step on a tc_show page of several steps
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
 INBOX_LINES = 20_000
@@ -137,11 +138,11 @@ OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimu
                           "long list the entries left out (lists stop at %d entries; %d for "
                           "each drift tc_show lists and %d for its whole page; %d for a "
                           "step's verified and open_questions), e.g. 'drift_paths', "
-                          "'plan.to_replace', 'drifts.d0003.added'; for a long text the "
-                          "characters left out (the texts of one result share %d bytes), "
-                          "e.g. "
-                          "'last.conclusion', 'steps.s0003.verified.0'. The records keep "
-                          "everything."
+                          "'plan.to_replace', 'drifts.d0003.added', 'steps.s0003.verified'; "
+                          "for long texts the characters left out (the texts of one "
+                          "result share %d bytes), e.g. 'last.conclusion', or "
+                          "'steps.s0003.texts' for all the texts of a step. The records "
+                          "keep everything."
                           % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT,
                              TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
 PLAN = {"type": "object", "properties": {
@@ -531,84 +532,106 @@ RESUME_TEXTS = ("name", "goal", "constraints", "next", "handoff")
 
 def text_slots(result, omitted):
     """(holder, key, label) of each free text of a tc_resume or tc_show
-    result, in copies of their holders; lists of texts are cut to
-    TEXT_ITEMS_LIMIT items first."""
+    result, in copies of their holders; lists of texts are cut to their
+    item limit first. The texts of one step in tc_show share one label
+    (steps.sNNNN.texts), so that omitted stays short on a long page."""
     slots = []
 
-    def texts(holder, keys, prefix):
-        slots.extend((holder, key, prefix + key) for key in keys
+    def texts(holder, keys, label=None):
+        slots.extend((holder, key, label or key) for key in keys
                      if isinstance(holder.get(key), str))
 
-    def text_list(holder, key, prefix):
+    def text_list(holder, key, name, limit, label=None):
         values = holder.get(key)
         if not isinstance(values, list):
             return
-        if len(values) > TEXT_ITEMS_LIMIT:
-            omitted[prefix + key] = len(values) - TEXT_ITEMS_LIMIT
-        values = holder[key] = values[:TEXT_ITEMS_LIMIT]
-        slots.extend((values, i, "%s%s.%d" % (prefix, key, i))
+        if len(values) > limit:
+            omitted[name] = len(values) - limit
+        values = holder[key] = values[:limit]
+        slots.extend((values, i, label or "%s.%d" % (name, i))
                      for i, value in enumerate(values) if isinstance(value, str))
 
-    texts(result, RESUME_TEXTS, "")
-    text_list(result, "open_questions", "")
+    texts(result, RESUME_TEXTS)
+    text_list(result, "open_questions", "open_questions", TEXT_ITEMS_LIMIT)
     if isinstance(result.get("last"), dict):
         last = result["last"] = dict(result["last"])
-        texts(last, STEP_TEXTS, "last.")
+        slots.extend((last, key, "last." + key) for key in STEP_TEXTS
+                     if isinstance(last.get(key), str))
     if isinstance(result.get("steps"), list):
         steps = result["steps"] = [dict(step) if isinstance(step, dict) else step
                                    for step in result["steps"]]
+        limit = TEXT_ITEMS_LIMIT if len(steps) <= 1 else PAGE_ITEMS_LIMIT
         for step in steps:
             if isinstance(step, dict):
                 prefix = "steps.s%04d." % step.get("index", 0)
-                texts(step, STEP_TEXTS, prefix)
+                texts(step, STEP_TEXTS, prefix + "texts")
                 for key in STEP_TEXT_LISTS:
-                    text_list(step, key, prefix)
+                    text_list(step, key, prefix + key, limit, prefix + "texts")
     return slots
 
 
-def text_cap(lengths, budget):
-    """The largest cap c with sum(min(length, c)) <= budget (lengths sorted
-    in ascending order)."""
+TEXT_MARK = " … [%d more characters]"
+MARK_SIZE = 32  # bytes a mark may take, counted against the budget
+
+
+def text_cap(sizes, budget, mark=0):
+    """The largest cap c such that the texts fit budget when each one over
+    c + mark is cut to c and marked (mark bytes more); sizes in ascending
+    order. 0 when the marks alone would not fit."""
     remaining = budget
-    for i, length in enumerate(lengths):
-        share = remaining // (len(lengths) - i)
-        if length > share:
-            return share
-        remaining -= length
-    return lengths[-1] if lengths else budget
+    for i, size in enumerate(sizes):
+        left = len(sizes) - i
+        share = (remaining - left * mark) // left
+        if size > share + mark:
+            return max(share, 0)
+        remaining -= size
+    return sizes[-1] if sizes else budget
 
 
-def utf8_size(text):
-    return len(text.encode("utf-8", "surrogatepass"))
+def json_size(text):
+    """The bytes text takes inside a JSON string of a result: its UTF-8
+    form with escapes (a control character takes six), without quotes."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
 
 
-def utf8_prefix(text, limit):
-    """The longest start of text whose UTF-8 form fits limit bytes."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
-        return text
-    end = limit
-    while end > 0 and data[end] & 0xC0 == 0x80:  # not in the middle of a character
-        end -= 1
-    return data[:end].decode("utf-8", "surrogatepass")
+_SHORT_ESCAPES = frozenset('\n\r\t\b\f"\\')
+
+
+def json_prefix(text, limit):
+    """The longest start of text whose json_size fits limit."""
+    used = 0
+    for i, char in enumerate(text):
+        code = ord(char)
+        if char in _SHORT_ESCAPES:
+            used += 2
+        elif code < 0x20:
+            used += 6
+        else:
+            used += 1 if code < 0x80 else 2 if code < 0x800 else 3 if code < 0x10000 else 4
+        if used > limit:
+            return text[:i]
+    return text
 
 
 def bound_texts(slots, omitted):
     """Cut the longest texts, each to the same size, until all of them
-    together fit TEXT_BUDGET bytes (none below TEXT_FLOOR); short texts stay
-    whole. Sizes are UTF-8 bytes, which follow what a model is charged for a
-    text more closely than characters do. A cut text ends by saying how much
-    it left out."""
-    sizes = sorted(utf8_size(holder[key]) for holder, key, _label in slots)
+    together fit TEXT_BUDGET bytes as JSON (marks included); short texts
+    stay whole. No text is cut below TEXT_FLOOR bytes, or below its share
+    of the budget when there are very many. Bytes rather than characters:
+    they follow what a model is charged for a text more closely. A cut text
+    ends by saying how much it left out."""
+    sizes = [json_size(holder[key]) for holder, key, _label in slots]
     if sum(sizes) <= TEXT_BUDGET:
         return
-    cap = max(text_cap(sizes, TEXT_BUDGET), TEXT_FLOOR)
-    for holder, key, label in slots:
+    cap = text_cap(sorted(sizes), TEXT_BUDGET, MARK_SIZE)
+    cap = max(cap, min(TEXT_FLOOR, TEXT_BUDGET // len(slots) - MARK_SIZE))
+    for (holder, key, label), size in zip(slots, sizes):
+        if size <= cap + MARK_SIZE:
+            continue
         text = holder[key]
-        kept = utf8_prefix(text, cap)
-        if len(kept) < len(text):
-            holder[key] = "%s … [%d more characters]" % (kept, len(text) - len(kept))
-            omitted[label] = len(text) - len(kept)
+        kept = json_prefix(text, cap)
+        holder[key] = kept + TEXT_MARK % (len(text) - len(kept))
+        omitted[label] = omitted.get(label, 0) + len(text) - len(kept)
 
 
 def tool_result(payload, *, is_error=False):
@@ -1029,9 +1052,10 @@ def encode(message):
 class Inbox:
     """Lines read ahead of the one being handled; END after the last.
 
-    The reader waits for room before it reads a line, so what is held is at
-    most INBOX_BYTES and INBOX_LINES plus the one line read last, however
-    long. Cancels are not held: the reader acts on them itself."""
+    The reader waits for room before it queues a line, so what is held is
+    at most INBOX_BYTES and INBOX_LINES plus the one line it read last,
+    however long. Cancels are not held: the reader acts on them at once,
+    and reads on to the next line while the queue is full."""
 
     END = object()
 
@@ -1067,19 +1091,13 @@ def read_ahead(instream, inbox, cancels):
     """The reader thread: every line into the inbox as (sequence number, line),
     cancellations noted on the way; END when the input ends or fails."""
     try:
-        lines = read_lines(instream, LINE_LIMIT)
-        seq = 0
-        while True:
-            inbox.wait_for_room()
-            raw = next(lines, Inbox.END)
-            if raw is Inbox.END:
-                break
+        for seq, raw in enumerate(read_lines(instream, LINE_LIMIT)):
             key = cancelled_request(raw) if raw is not None else None
             if key is not None:
                 cancels.seen(key, seq)  # a notification: nothing else is done with it
-            else:
-                inbox.put((seq, raw))
-            seq += 1
+                continue
+            inbox.wait_for_room()
+            inbox.put((seq, raw))
     except (OSError, ValueError):
         pass
     finally:
@@ -1237,8 +1255,8 @@ def run_stdio():
     sys.stdout = sys.stderr
     try:
         instream = open(os.dup(sys.stdin.fileno()), "rb")
-    except (OSError, ValueError, AttributeError):
-        instream = sys.stdin.buffer
+    except (OSError, ValueError, AttributeError):  # no stdin at all: nothing to serve
+        instream = open(os.devnull, "rb")
     try:
         return serve(instream, out)
     except KeyboardInterrupt:

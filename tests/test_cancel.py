@@ -109,6 +109,17 @@ class CancelOverStdioTest(WorkspaceTest):
         fcntl.flock(fd, fcntl.LOCK_UN)
         self.assertEqual(self.titles(), ["one"])
 
+    def test_a_cancel_behind_a_request_over_the_read_ahead_limit_still_stops_the_call(self):
+        fd = self.hold_store_lock()
+        self.srv.send_raw(tool_line(400, "tc_save", root=self.root, title="two").encode())
+        self.wait_until_waiting_for_the_lock()
+        big = request_line(401, "ping", {"pad": "x" * (5 << 20)})  # over the 4 MiB read-ahead
+        self.srv.send_raw((big + cancel_line(400) + request_line(402, "ping")).encode())
+        self.assertEqual(self.srv.read_line()["id"], 401)
+        self.assertEqual(self.srv.read_line()["id"], 402)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self.assertEqual(self.titles(), ["one"])
+
     def test_a_queued_call_that_is_cancelled_never_runs_and_its_id_can_be_used_again(self):
         fd = self.hold_store_lock()
         self.srv.send_raw((tool_line(200, "tc_save", root=self.root, title="two")

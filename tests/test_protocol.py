@@ -514,6 +514,14 @@ class StreamTest(ProtocolTest):
         srv.proc.send_signal(signal.SIGINT)
         self.assert_ended_cleanly(srv)
 
+    def test_no_stdin_at_all_ends_the_server_cleanly(self):
+        proc = subprocess.run(list(support.SERVER_COMMAND), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=support.clean_env(), cwd=self.tmp, timeout=60,
+                              preexec_fn=lambda: os.close(0))
+        self.assertNotIn(b"Traceback", proc.stderr)
+        self.assertEqual((proc.returncode, proc.stdout), (0, b""), proc.stderr)
+
     def test_a_client_that_stops_reading_ends_the_server_cleanly(self):
         srv = self.server()
         srv.proc.stdout.close()

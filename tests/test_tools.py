@@ -943,23 +943,29 @@ class LongListTest(ToolsTest):
         self.assertEqual(resumed["omitted"]["open_questions"], 5)
         texts = [resumed[k] for k in ("name", "goal", "constraints", "next", "handoff")]
         texts += list(resumed["last"].values()) + resumed["open_questions"]
-        self.assertLessEqual(sum(len(t.encode()) for t in texts), 60_000 + 40 * len(texts))
+        self.assertLessEqual(sum(len(json.dumps(t, ensure_ascii=False).encode()) - 2
+                                 for t in texts), 60_000)
 
-        for shown in (self.ok("tc_show", root=self.root),
-                      self.ok("tc_show", root=self.root, index=1)):
-            step = shown["steps"][0]
-            self.assertEqual(len(step["verified"]), 20)
-            self.assertEqual(shown["omitted"]["steps.s0001.verified"], 10)
-            self.assertIn("steps.s0001.verified.0", shown["omitted"])
-            self.assertIn("steps.s0001.conclusion", shown["omitted"])
-            self.assertEqual(step["verified"][0][:12], "item 0 测试 li")
-            self.assertEqual(shown["omitted"]["steps.s0001.open_questions"], 5)
-            for label, count in shown["omitted"].items():
-                self.assertRegex(label, r"^steps\.s0001\.(conclusion|open_questions|"
-                                        r"verified(\.\d+)?)$")
-                self.assertGreater(count, 0)
-            size = len(json.dumps(shown, ensure_ascii=False).encode())
-            self.assertLess(size, 80_000)
+        # A page of several steps shows 5 items of each list, one step 20.
+        self.write("a.txt", "two\n")
+        self.save("two", conclusion="\x1b[31mred\x1b[0m " * 7_000,
+                  verified=["check %d" % n for n in range(30)])
+        page = self.ok("tc_show", root=self.root)
+        self.assertEqual([len(s["verified"]) for s in page["steps"]], [5, 5])
+        self.assertEqual(page["omitted"]["steps.s0001.verified"], 25)
+        self.assertEqual(page["omitted"]["steps.s0002.verified"], 25)
+        self.assertGreater(page["omitted"]["steps.s0002.texts"], 0)
+        self.assertLess(len(json.dumps(page, ensure_ascii=False).encode()), 80_000)
+        one = self.ok("tc_show", root=self.root, index=1)
+        step = one["steps"][0]
+        self.assertEqual(len(step["verified"]), 20)
+        self.assertEqual(one["omitted"]["steps.s0001.verified"], 10)
+        self.assertEqual(one["omitted"]["steps.s0001.open_questions"], 5)
+        self.assertEqual(step["verified"][0][:12], "item 0 测试 li")
+        self.assertTrue(step["conclusion"].endswith(" more characters]"))
+        self.assertEqual(sorted(one["omitted"]), ["steps.s0001.open_questions",
+                                                  "steps.s0001.texts", "steps.s0001.verified"])
+        self.assertLess(len(json.dumps(one, ensure_ascii=False).encode()), 80_000)
 
         with open(os.path.join(self.task_dir(task), "steps", "s0001.json"),
                   encoding="utf-8") as fh:
@@ -988,25 +994,28 @@ class TextBudgetTest(unittest.TestCase):
 
     def test_the_cap_is_the_largest_that_fits(self):
         rng = random.Random(7)
-        for _ in range(300):
-            lengths = sorted(rng.choice([rng.randint(0, 50), rng.randint(0, 5000)])
-                             for _ in range(rng.randint(1, 12)))
-            budget = rng.randint(0, sum(lengths) + 10)
-            cap = self.m.text_cap(lengths, budget)
-            self.assertLessEqual(sum(min(n, cap) for n in lengths), budget, (lengths, budget))
-            if cap < lengths[-1]:
-                self.assertGreater(sum(min(n, cap + 1) for n in lengths), budget)
 
-    def test_a_cut_never_splits_a_character(self):
-        text = "a😀é测\ud800b" * 5
-        for limit in range(0, len(text.encode("utf-8", "surrogatepass")) + 2):
-            kept = self.m.utf8_prefix(text, limit)
+        def total(sizes, cap, mark):
+            return sum(n if n <= cap + mark else cap + mark for n in sizes)
+
+        for _ in range(500):
+            sizes = sorted(rng.choice([rng.randint(0, 50), rng.randint(0, 5000)])
+                           for _ in range(rng.randint(1, 12)))
+            mark = rng.choice([0, 32])
+            budget = rng.randint(len(sizes) * mark, max(len(sizes) * mark, sum(sizes)) + 10)
+            cap = self.m.text_cap(sizes, budget, mark)
+            self.assertLessEqual(total(sizes, cap, mark), budget, (sizes, budget, mark))
+            if cap < sizes[-1]:
+                self.assertGreater(total(sizes, cap + 1, mark), budget, (sizes, budget, mark))
+
+    def test_a_cut_fits_its_json_size_and_never_splits_a_character(self):
+        text = 'a😀é测\ud800\x1b"\n\\b' * 5
+        for limit in range(0, self.m.json_size(text) + 2):
+            kept = self.m.json_prefix(text, limit)
             self.assertTrue(text.startswith(kept))
-            size = len(kept.encode("utf-8", "surrogatepass"))
-            self.assertLessEqual(size, limit)
+            self.assertLessEqual(self.m.json_size(kept), limit)
             if kept != text:  # one more character would not have fitted
-                self.assertGreater(len(text[:len(kept) + 1].encode("utf-8", "surrogatepass")),
-                                   limit)
+                self.assertGreater(self.m.json_size(text[:len(kept) + 1]), limit)
 
 
 # A file name the atomic writer's temp files would have.
