@@ -1032,12 +1032,33 @@ def diff_maps(old, new):
     return sorted(added), sorted(modified), sorted(deleted)
 
 
-def hash_file(path):
-    """(sha256 hex, bytes read) of a file, streamed."""
+def opened_within(fd, st, seen, root, path):
+    """Refuse a workspace file whose open reached outside root: a folder of
+    its path replaced by a link after the scan (a race with another process;
+    the scan itself never follows one). The file the scan saw (seen: its
+    device and inode) passes at once; another one, such as a file an editor
+    replaced meanwhile, passes when the kernel places the open file under
+    root."""
+    if seen is not None and (st.st_dev, st.st_ino) == seen:
+        return
+    try:
+        where = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:  # no /proc: the path as it resolves now is the best check left
+        where = os.path.realpath(path)
+    if not where.startswith(root.rstrip(os.sep) + os.sep):
+        raise OSError(errno.EXDEV, "reached outside the workspace (a folder on its path "
+                      "was replaced by a link)", path)
+
+
+def hash_file(path, *, within=None, seen=None):
+    """(sha256 hex, bytes read) of a file, streamed; within and seen: see
+    opened_within."""
     digest = hashlib.sha256()
     total = 0
-    fh, _st = open_regular(path)
+    fh, st = open_regular(path)
     with fh:
+        if within is not None:
+            opened_within(fh.fd, st, seen, within, path)
         for block in fh.blocks():
             digest.update(block)
             total += len(block)
@@ -1438,15 +1459,18 @@ class PayloadStore:
         except OSError:
             return None
 
-    def put_file(self, src):
+    def put_file(self, src, *, within=None, seen=None):
         """Read src once, store its content, return (sha, size, mode, path of
         the payload if this call wrote it, else None). Safe from several threads.
+        A workspace file passes within (the root) and seen: see opened_within.
 
         Small files are read whole; large ones stream into a temp file while
         hashing, so memory does not grow with file size.
         """
         fh, st = open_regular(src)
         with fh:
+            if within is not None:
+                opened_within(fh.fd, st, seen, within, src)
             mode = stat_mod.S_IMODE(st.st_mode)
             if st.st_size <= READ_WHOLE_LIMIT:
                 data = fh.read_all(st.st_size)
@@ -4478,13 +4502,14 @@ class Checkpoints:
 
     def _read_file(self, ws, rel, info, store_content, created):
         full = os.path.join(ws.root, *rel.split("/"))
+        seen = (info.dev, info.ino)
         if info.size > MAX_CONTENT_BYTES:
-            sha, size = hash_file(full)
+            sha, size = hash_file(full, within=ws.root, seen=seen)
             return KIND_BIG, sha, size, info.mode
         if not store_content:
-            sha, size = hash_file(full)
+            sha, size = hash_file(full, within=ws.root, seen=seen)
             return KIND_FILE, sha, size, info.mode
-        sha, size, mode, written = ws.store.payloads.put_file(full)
+        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.root, seen=seen)
         if written:
             created.append(written)
         if size > MAX_CONTENT_BYTES:  # grew while being read

@@ -144,10 +144,10 @@ class RestoreTests(WorkspaceTest):
         self.write("data.txt", "precious unsaved edit\n")
         original = tc.PayloadStore.put_file
 
-        def failing(store, src):
+        def failing(store, src, **kwargs):
             if os.path.basename(src) == "data.txt":
                 raise PermissionError(13, "Permission denied", src)
-            return original(store, src)
+            return original(store, src, **kwargs)
 
         tc.PayloadStore.put_file = failing
         try:
@@ -243,6 +243,71 @@ class RestoreTests(WorkspaceTest):
         self.write("a.txt", "2\n")
         res = srv.call("tc_save", root=self.root, title="two")
         self.assertFalse(res.is_error, res.text)
+
+
+class FolderSwappedAfterTheScanTests(WorkspaceTest):
+    """A folder replaced by a link to elsewhere between the scan and the
+    reads (another process racing the save) must not bring the files over
+    there into the store. The swap is made right after the real scan."""
+
+    def test_a_save_does_not_store_what_a_swapped_folder_points_at(self):
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(outside)
+        with open(os.path.join(outside, "a.txt"), "w") as fh:
+            fh.write("OUTSIDE SECRET\n")
+        self.write("sub/a.txt", "inside one\n")
+        self.write("sub/b.txt", "kept\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        self.write("sub/a.txt", "inside two, longer\n")  # must be read again
+        real_scan = tc.scan_tree
+
+        def scan_then_swap(root, policy, dirs=None):
+            result = real_scan(root, policy, dirs)
+            if root == self.root:
+                os.rename(os.path.join(root, "sub"), os.path.join(root, "sub.moved"))
+                os.symlink(outside, os.path.join(root, "sub"))
+            return result
+
+        tc.scan_tree = scan_then_swap
+        try:
+            saved = cp.save(self.root, "two")
+        finally:
+            tc.scan_tree = real_scan
+        reasons = {e["path"]: e["reason"] for e in saved["skipped_paths"]}
+        self.assertIn("sub/a.txt", reasons)
+        self.assertIn("outside the workspace", reasons["sub/a.txt"])
+        for dirpath, _dirs, names in os.walk(os.path.join(self.store, "payload")):
+            for name in names:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    self.assertNotIn(b"OUTSIDE SECRET", fh.read())
+
+    def test_a_file_an_editor_replaced_after_the_scan_is_still_read(self):
+        self.write("sub/a.txt", "one\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "replaced")
+        cp.save(self.root, "one")
+        self.write("sub/a.txt", "two\n")
+        real_scan = tc.scan_tree
+
+        def scan_then_replace(root, policy, dirs=None):
+            result = real_scan(root, policy, dirs)
+            if root == self.root:  # a new inode under the same name, as editors save
+                self.write("sub/a.txt.new", "three\n")
+                os.replace(os.path.join(root, "sub", "a.txt.new"),
+                           os.path.join(root, "sub", "a.txt"))
+            return result
+
+        tc.scan_tree = scan_then_replace
+        try:
+            saved = cp.save(self.root, "two")
+        finally:
+            tc.scan_tree = real_scan
+        self.assertEqual(saved["skipped_paths"], [])
+        self.write("sub/a.txt", "four\n")
+        cp.restore(self.root, index=2, apply=True)
+        self.assertEqual(self.read("sub/a.txt"), b"three\n")
 
 
 class ReadOnlyWorkspaceTests(WorkspaceTest):
