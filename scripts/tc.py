@@ -1032,6 +1032,55 @@ def diff_maps(old, new):
     return sorted(added), sorted(modified), sorted(deleted)
 
 
+def _inside(where, root):
+    return where.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _opened_path(fd, path):
+    """Where the kernel has the open file fd; without /proc, where path
+    resolves now (the best check left)."""
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return os.path.realpath(path)
+
+
+def check_written_within(fd, path, root):
+    """Refuse to write into a file that was opened outside root: a folder on
+    its path replaced by a link after the plan checked it. Nothing has been
+    written to it yet (workspace files are opened without truncating)."""
+    where = _opened_path(fd, path)
+    if not _inside(where, root):
+        raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
+                         "replaced by a link); nothing was written there" % path)
+
+
+def remove_within(path, root):
+    """remove_file for a workspace file: the unlink goes through the parent
+    folder only once that folder is known to be inside root."""
+    parent, name = os.path.split(path)
+    if os.unlink not in getattr(os, "supports_dir_fd", ()):
+        if not _inside(os.path.join(os.path.realpath(parent), name), root):
+            raise UnsafePath("%r now leads outside the workspace; it was not removed" % path)
+        return remove_file(path)
+    try:
+        dfd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        where = _opened_path(dfd, parent)
+        if where != root.rstrip(os.sep) and not _inside(where, root):
+            raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
+                             "replaced by a link); it was not removed" % path)
+        try:
+            os.unlink(name, dir_fd=dfd)
+            return True
+        except FileNotFoundError:
+            return False
+    finally:
+        os.close(dfd)
+
+
 def opened_within(fd, st, seen, root, path):
     """Refuse a workspace file whose open reached outside root: a folder of
     its path replaced by a link after the scan (a race with another process;
@@ -1041,11 +1090,7 @@ def opened_within(fd, st, seen, root, path):
     root."""
     if seen is not None and (st.st_dev, st.st_ino) == seen:
         return
-    try:
-        where = os.readlink("/proc/self/fd/%d" % fd)
-    except OSError:  # no /proc: the path as it resolves now is the best check left
-        where = os.path.realpath(path)
-    if not where.startswith(root.rstrip(os.sep) + os.sep):
+    if not _inside(_opened_path(fd, path), root):
         raise OSError(errno.EXDEV, "reached outside the workspace (a folder on its path "
                       "was replaced by a link)", path)
 
@@ -1233,16 +1278,36 @@ def check_package_file(src, sha):
                               "(tampered or damaged)" % src)
 
 
-def open_over(dest, mode):
+def open_over(dest, mode, within=None):
     """(file, its stat before writing) of dest opened for writing over in place.
 
     A missing dest is created with the permission bits mode (less any the
     umask removes); an existing one loses any bit mode lacks before it is
     written. Never wider than mode while the new bytes go in. The caller
-    ends with end_over().
+    ends with end_over(). within: the workspace root dest must be under
+    (see check_written_within); a file this call created outside it is
+    removed again.
     """
-    fh = RawFile.open(dest, WRITE_OVER_FLAGS, mode & 0o777)
+    fh, created = None, False
+    if within is not None:  # knowing whether this call made the file
+        try:
+            fh = RawFile.open(dest, WRITE_OVER_FLAGS & ~os.O_CREAT)
+        except FileNotFoundError:
+            try:
+                fh = RawFile.open(dest, WRITE_OVER_FLAGS | os.O_EXCL, mode & 0o777)
+                created = True
+            except FileExistsError:  # made by someone else meanwhile
+                pass
+    if fh is None:
+        fh = RawFile.open(dest, WRITE_OVER_FLAGS, mode & 0o777)
     try:
+        if within is not None:
+            try:
+                check_written_within(fh.fd, dest, within)
+            except UnsafePath:
+                if created:
+                    remove_file(dest)
+                raise
         before = os.fstat(fh.fileno())
         wider = stat_mod.S_IMODE(before.st_mode) & ~mode & 0o7777
         if wider and hasattr(os, "fchmod"):
@@ -1648,12 +1713,19 @@ class PayloadStore:
         with self._count_lock:
             self.pending_bytes += size
 
-    def copy_out(self, sha, dest, mode):
-        """Write the payload to dest (a new file), verifying its hash."""
+    def copy_out(self, sha, dest, mode, within=None):
+        """Write the payload to dest (a new file), verifying its hash; within:
+        the workspace root dest must be under."""
         digest = hashlib.sha256()
         src = self._open_payload(sha)
         # Created with its mode (less the umask), so the usual case needs no chmod.
         with src, RawFile.open(dest, PAYLOAD_CREATE_FLAGS, mode & 0o777) as out:
+            if within is not None:
+                try:
+                    check_written_within(out.fd, dest, within)
+                except UnsafePath:
+                    remove_file(dest)  # made by this call (O_EXCL), still empty
+                    raise
             for block in src.blocks():
                 digest.update(block)
                 out.write(block)
@@ -1663,7 +1735,7 @@ class PayloadStore:
             remove_file(dest)
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
 
-    def write_over(self, sha, dest, mode):
+    def write_over(self, sha, dest, mode, within=None):
         """Write the payload into dest in place (created or truncated) and verify it.
 
         No staging copy: callers journal dest first, so a failure or a crash
@@ -1672,7 +1744,7 @@ class PayloadStore:
         src = self._open_payload(sha)
         digest = hashlib.sha256()
         with src:
-            out, before = open_over(dest, mode)
+            out, before = open_over(dest, mode, within)
             with out:
                 for block in src.blocks():
                     digest.update(block)
@@ -1708,14 +1780,14 @@ class PayloadStore:
         self._count(out.written)
         return target
 
-    def place_stored(self, sha, dest, mode):
+    def place_stored(self, sha, dest, mode, within=None):
         """Write the payload sha into dest in place, as write_over does, for a
         payload this operation has just written and checked: copied by the
         kernel, without hashing it again. dest's stat once written."""
         src = self._open_payload(sha)
         with src:
             size = os.fstat(src.fd).st_size
-            out, before = open_over(dest, mode)
+            out, before = open_over(dest, mode, within)
             with out:
                 out.written = copy_descriptor(src.fd, out.fd)
                 if out.written != size:
@@ -1723,7 +1795,7 @@ class PayloadStore:
                                        "bytes)" % (sha[:12], out.written, size))
                 return end_over(out, dest, before, mode)
 
-    def import_file(self, src, dest, sha, mode):
+    def import_file(self, src, dest, sha, mode, within=None):
         """Copy src into dest (written over in place) and, when missing, into
         the store, in one read; dest's stat once written.
 
@@ -1736,7 +1808,7 @@ class PayloadStore:
         digest = hashlib.sha256()
         try:
             with open_package_file(src) as fh:
-                out, before = open_over(dest, mode)
+                out, before = open_over(dest, mode, within)
                 with out:
                     try:
                         copy = RawFile(self._opener(sha)(self.path(sha), PAYLOAD_CREATE_FLAGS))
@@ -2352,7 +2424,7 @@ def sibling_temp(full, tag):
     return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
 
 
-def _put_back(payloads, full, before):
+def _put_back(payloads, full, before, root):
     """Make full hold (sha, mode) again; a no-op when it already does."""
     sha, mode = before
     if os.path.isfile(full) and not os.path.islink(full):
@@ -2370,8 +2442,8 @@ def _put_back(payloads, full, before):
             pass
     os.makedirs(os.path.dirname(full), exist_ok=True)
     tmp = sibling_temp(full, "rollback")
-    remove_file(tmp)
-    payloads.copy_out(sha, tmp, mode)
+    remove_within(tmp, root)
+    payloads.copy_out(sha, tmp, mode, within=root)
     os.replace(tmp, full)
 
 
@@ -2410,11 +2482,14 @@ def _rollback_workspace(store, data):
             continue
         if data.get("op_id"):
             temps.append(sibling_temp(full, data["op_id"]))
-        if before is None:
-            if os.path.isfile(full):
-                remove_file(full)
-        else:
-            _put_back(store.payloads, full, before)
+        try:
+            if before is None:
+                if os.path.isfile(full):
+                    remove_within(full, root)
+            else:
+                _put_back(store.payloads, full, before, root)
+        except UnsafePath:  # now leads outside: nothing there is the workspace's to undo
+            continue
     for tmp in temps:
         if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
             remove_file(tmp)
@@ -5123,7 +5198,7 @@ class Checkpoints:
         payloads = ws.store.payloads
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
-            remove_file(full)
+            remove_within(full, ws.root)
             prune_empty_dirs(ws.root, os.path.dirname(full))
         made, checked = set(), set()
         writes = []
@@ -5146,14 +5221,15 @@ class Checkpoints:
         if st is not None and stat_mod.S_ISDIR(st.st_mode):
             os.rmdir(full)  # only an empty directory may give way to a file
             st = None
+        root = journal.data["root"]
         try:
             if st is not None and st.st_nlink > 1:
                 raise PermissionError("hard-linked")  # writing through would change the other names
-            return payloads.write_over(sha, full, mode)
+            return payloads.write_over(sha, full, mode, within=root)
         except PermissionError:  # read-only or hard-linked: replace the name instead
             tmp = journal.temp_name(full)
-            remove_file(tmp)
-            payloads.copy_out(sha, tmp, mode)
+            remove_within(tmp, root)
+            payloads.copy_out(sha, tmp, mode, within=root)
             os.replace(tmp, full)
             return os.lstat(full)  # the rename moved the ctime
 
@@ -5519,8 +5595,8 @@ class Checkpoints:
         def write(item, dest):
             sha, mode = item["sha256"], item["mode"] & 0o777
             if sha in fresh:
-                return payloads.place_stored(sha, dest, mode)
-            return payloads.import_file(package_file(item), dest, sha, mode)
+                return payloads.place_stored(sha, dest, mode, within=ws.root)
+            return payloads.import_file(package_file(item), dest, sha, mode, within=ws.root)
 
         def place(item):
             rel = item["path"]
@@ -5536,7 +5612,7 @@ class Checkpoints:
                 st = None
             if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
                 tmp = journal.temp_name(full)
-                remove_file(tmp)
+                remove_within(tmp, ws.root)
                 write(item, tmp)
                 os.replace(tmp, full)
                 st = os.lstat(full)  # a rename moves the ctime

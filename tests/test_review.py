@@ -283,6 +283,81 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
                 with open(os.path.join(dirpath, name), "rb") as fh:
                     self.assertNotIn(b"OUTSIDE SECRET", fh.read())
 
+    def swap_before(self, owner, name):
+        """Replace sub/ by a link to the outside folder right before the first
+        call of owner.name: after every check the plan made of the paths."""
+        real = getattr(owner, name)
+        done = []
+
+        def swapped(*args, **kwargs):
+            if not done:
+                done.append(True)
+                os.rename(os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved"))
+                os.symlink(self.outside, os.path.join(self.root, "sub"))
+            return real(*args, **kwargs)
+
+        setattr(owner, name, swapped)
+        self.addCleanup(setattr, owner, name, real)
+
+    def outside_folder(self):
+        self.outside = os.path.join(self.tmp, "outside")
+        os.makedirs(self.outside)
+        for name in ("victim.txt", "gone.txt"):
+            with open(os.path.join(self.outside, name), "w") as fh:
+                fh.write("OUTSIDE %s\n" % name)
+        return self.outside_files()
+
+    def outside_files(self):
+        return {name: read(self.outside, name) for name in sorted(os.listdir(self.outside))}
+
+    def restore_case(self):
+        before = self.outside_folder()
+        self.write("sub/victim.txt", "v1\n")
+        self.write("sub/new.txt", "n1\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        self.write("sub/victim.txt", "v2\n")
+        os.remove(os.path.join(self.root, "sub", "new.txt"))
+        self.write("sub/gone.txt", "g\n")
+        return cp, before
+
+    def test_a_restore_does_not_delete_where_a_swapped_folder_points(self):
+        cp, before = self.restore_case()
+        self.swap_before(tc, "remove_within")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+
+    def test_a_restore_does_not_write_where_a_swapped_folder_points(self):
+        cp, before = self.restore_case()
+        os.remove(os.path.join(self.root, "sub", "gone.txt"))  # nothing to delete first
+        self.swap_before(tc.PayloadStore, "write_over")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+
+    def test_an_import_does_not_write_where_a_swapped_folder_points(self):
+        before = self.outside_folder()
+        self.write("sub/victim.txt", "from the package\n")
+        self.write("sub/new.txt", "new\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = cp.export(self.root, out)["path"]
+        fresh = os.path.join(self.tmp, "fresh")
+        write(fresh, "sub/victim.txt", "mine\n")
+        self.root = fresh
+        self.swap_before(tc.PayloadStore, "place_stored")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.import_package(fresh, package)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+
     def test_a_file_an_editor_replaced_after_the_scan_is_still_read(self):
         self.write("sub/a.txt", "one\n")
         cp = tc.Checkpoints(tc.Config(watch=False, git=False))
