@@ -1033,16 +1033,18 @@ def diff_maps(old, new):
 
 
 def _inside(where, root):
-    return where.startswith(root.rstrip(os.sep) + os.sep)
+    return where is None or where.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _opened_path(fd, path):
     """Where the kernel has the open file fd; without /proc, where path
-    resolves now (the best check left)."""
+    resolves now (the best check left). None on Windows, where path forms
+    (drive letters, prefixes, case) make a comparison unreliable and a link
+    needs privileges to make: no check is made there."""
     try:
         return os.readlink("/proc/self/fd/%d" % fd)
     except OSError:
-        return os.path.realpath(path)
+        return None if os.name == "nt" else os.path.realpath(path)
 
 
 def check_written_within(fd, path, root):
@@ -1060,11 +1062,12 @@ def remove_within(path, root):
     folder only once that folder is known to be inside root."""
     parent, name = os.path.split(path)
     if os.unlink not in getattr(os, "supports_dir_fd", ()):
-        if not _inside(os.path.join(os.path.realpath(parent), name), root):
+        if os.name != "nt" and not _inside(os.path.join(os.path.realpath(parent), name), root):
             raise UnsafePath("%r now leads outside the workspace; it was not removed" % path)
         return remove_file(path)
-    try:
-        dfd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
+    try:  # O_PATH: a folder without read permission can still be named
+        dfd = os.open(parent, getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0)
+                      | O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
