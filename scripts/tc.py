@@ -1032,47 +1032,84 @@ def diff_maps(old, new):
     return sorted(added), sorted(modified), sorted(deleted)
 
 
-def _inside(where, root):
-    return where is None or where.startswith(root.rstrip(os.sep) + os.sep)
+# The guards below compare where the kernel has an open file with where it
+# has the workspace root ("guard": kernel_path(root)), both named by the
+# kernel, so symlinked ancestors, bind mounts and the case a case-insensitive
+# file system keeps cannot make a sound path look foreign. A guard of None
+# (Windows) turns the checks off.
+
+def _inside(where, guard):
+    return guard is None or where is None or where.startswith(guard.rstrip(os.sep) + os.sep)
 
 
 def _opened_path(fd, path):
-    """Where the kernel has the open file fd; without /proc, where path
-    resolves now (the best check left). None on Windows, where path forms
-    (drive letters, prefixes, case) make a comparison unreliable and a link
-    needs privileges to make: no check is made there."""
+    """Where the kernel has the open file or folder fd (/proc on Linux,
+    F_GETPATH on macOS); elsewhere where path resolves now, the best check
+    left; None on Windows."""
     try:
         return os.readlink("/proc/self/fd/%d" % fd)
     except OSError:
-        return None if os.name == "nt" else os.path.realpath(path)
+        pass
+    if os.name == "nt":
+        return None
+    if hasattr(fcntl, "F_GETPATH"):
+        try:
+            named = fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))
+            return os.fsdecode(named.split(b"\0", 1)[0])
+        except (OSError, ValueError):
+            pass
+    return os.path.realpath(path)
 
 
-def check_written_within(fd, path, root):
-    """Refuse to write into a file that was opened outside root: a folder on
-    its path replaced by a link after the plan checked it. Nothing has been
-    written to it yet (workspace files are opened without truncating)."""
-    where = _opened_path(fd, path)
-    if not _inside(where, root):
+def kernel_path(root):
+    """The guard of a workspace root: its folder as the kernel names it;
+    None on Windows, where no check is made."""
+    if os.name == "nt":
+        return None
+    try:
+        fd = os.open(root, getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0)
+                     | O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(root)
+    try:
+        return _opened_path(fd, root)
+    finally:
+        os.close(fd)
+
+
+def check_written_within(fd, path, guard):
+    """Refuse to write into a file that was opened outside the workspace: a
+    folder on its path replaced by a link after the plan checked it. Nothing
+    has been written to it yet (workspace files are opened without
+    truncating)."""
+    if not _inside(_opened_path(fd, path), guard):
         raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
                          "replaced by a link); nothing was written there" % path)
 
 
-def remove_within(path, root):
+def remove_within(path, guard):
     """remove_file for a workspace file: the unlink goes through the parent
-    folder only once that folder is known to be inside root."""
+    folder only once that folder is known to be inside the workspace."""
+    if guard is None:
+        return remove_file(path)
     parent, name = os.path.split(path)
-    if os.unlink not in getattr(os, "supports_dir_fd", ()):
-        if os.name != "nt" and not _inside(os.path.join(os.path.realpath(parent), name), root):
+    dfd = None
+    if os.unlink in getattr(os, "supports_dir_fd", ()):
+        try:  # O_PATH: a folder without read permission can still be named
+            dfd = os.open(parent, getattr(os, "O_PATH", os.O_RDONLY)
+                          | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        except PermissionError:  # no O_PATH and no read permission: by path
+            dfd = None
+    if dfd is None:
+        where = os.path.realpath(parent)
+        if where != guard.rstrip(os.sep) and not _inside(where, guard):
             raise UnsafePath("%r now leads outside the workspace; it was not removed" % path)
         return remove_file(path)
-    try:  # O_PATH: a folder without read permission can still be named
-        dfd = os.open(parent, getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0)
-                      | O_CLOEXEC)
-    except FileNotFoundError:
-        return False
     try:
         where = _opened_path(dfd, parent)
-        if where != root.rstrip(os.sep) and not _inside(where, root):
+        if where != guard.rstrip(os.sep) and not _inside(where, guard):
             raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
                              "replaced by a link); it was not removed" % path)
         try:
@@ -1084,7 +1121,7 @@ def remove_within(path, root):
         os.close(dfd)
 
 
-def opened_within(fd, st, seen, root, path):
+def opened_within(fd, st, seen, guard, path):
     """Refuse a workspace file whose open reached outside root: a folder of
     its path replaced by a link after the scan (a race with another process;
     the scan itself never follows one). The file the scan saw (seen: its
@@ -1093,7 +1130,7 @@ def opened_within(fd, st, seen, root, path):
     root."""
     if seen is not None and (st.st_dev, st.st_ino) == seen:
         return
-    if not _inside(_opened_path(fd, path), root):
+    if not _inside(_opened_path(fd, path), guard):
         raise OSError(errno.EXDEV, "reached outside the workspace (a folder on its path "
                       "was replaced by a link)", path)
 
@@ -1281,26 +1318,27 @@ def check_package_file(src, sha):
                               "(tampered or damaged)" % src)
 
 
-def open_over(dest, mode, within=None):
+def open_over(dest, mode, within=None, exists=None):
     """(file, its stat before writing) of dest opened for writing over in place.
 
     A missing dest is created with the permission bits mode (less any the
     umask removes); an existing one loses any bit mode lacks before it is
     written. Never wider than mode while the new bytes go in. The caller
-    ends with end_over(). within: the workspace root dest must be under
-    (see check_written_within); a file this call created outside it is
-    removed again.
+    ends with end_over(). within: the guard of the workspace dest must be
+    in (see check_written_within); a file this call created outside it is
+    removed again. exists: whether dest is expected to exist (the order in
+    which to try opening it).
     """
     fh, created = None, False
     if within is not None:  # knowing whether this call made the file
-        try:
-            fh = RawFile.open(dest, WRITE_OVER_FLAGS & ~os.O_CREAT)
-        except FileNotFoundError:
+        opens = [(WRITE_OVER_FLAGS & ~os.O_CREAT, False), (WRITE_OVER_FLAGS | os.O_EXCL, True)]
+        for flags, making in (opens if exists is not False else opens[::-1]):
             try:
-                fh = RawFile.open(dest, WRITE_OVER_FLAGS | os.O_EXCL, mode & 0o777)
-                created = True
-            except FileExistsError:  # made by someone else meanwhile
-                pass
+                fh = RawFile.open(dest, flags, mode & 0o777)
+                created = making
+                break
+            except (FileNotFoundError, FileExistsError):  # (another creator meanwhile)
+                continue
     if fh is None:
         fh = RawFile.open(dest, WRITE_OVER_FLAGS, mode & 0o777)
     try:
@@ -1738,7 +1776,7 @@ class PayloadStore:
             remove_file(dest)
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
 
-    def write_over(self, sha, dest, mode, within=None):
+    def write_over(self, sha, dest, mode, within=None, exists=None):
         """Write the payload into dest in place (created or truncated) and verify it.
 
         No staging copy: callers journal dest first, so a failure or a crash
@@ -1747,7 +1785,7 @@ class PayloadStore:
         src = self._open_payload(sha)
         digest = hashlib.sha256()
         with src:
-            out, before = open_over(dest, mode, within)
+            out, before = open_over(dest, mode, within, exists)
             with out:
                 for block in src.blocks():
                     digest.update(block)
@@ -2427,7 +2465,7 @@ def sibling_temp(full, tag):
     return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
 
 
-def _put_back(payloads, full, before, root):
+def _put_back(payloads, full, before, guard):
     """Make full hold (sha, mode) again; a no-op when it already does."""
     sha, mode = before
     if os.path.isfile(full) and not os.path.islink(full):
@@ -2445,8 +2483,8 @@ def _put_back(payloads, full, before, root):
             pass
     os.makedirs(os.path.dirname(full), exist_ok=True)
     tmp = sibling_temp(full, "rollback")
-    remove_within(tmp, root)
-    payloads.copy_out(sha, tmp, mode, within=root)
+    remove_within(tmp, guard)
+    payloads.copy_out(sha, tmp, mode, within=guard)
     os.replace(tmp, full)
 
 
@@ -2476,7 +2514,9 @@ def rollback_journal(store, directory, data=None):
 
 def _rollback_workspace(store, data):
     """Every journaled path back to its recorded content (or absence)."""
-    root = data["root"]
+    # The folder may have moved since, with a link left at its old name.
+    root = os.path.realpath(data["root"])
+    guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
     for rel, before in reversed(data["entries"]):
         try:
@@ -2488,9 +2528,9 @@ def _rollback_workspace(store, data):
         try:
             if before is None:
                 if os.path.isfile(full):
-                    remove_within(full, root)
+                    remove_within(full, guard)
             else:
-                _put_back(store.payloads, full, before, root)
+                _put_back(store.payloads, full, before, guard)
         except UnsafePath:  # now leads outside: nothing there is the workspace's to undo
             continue
     for tmp in temps:
@@ -4266,6 +4306,14 @@ class Workspace:
         self.store = store
         self.task_id = task_id
         self.state = state
+        self._guard = False
+
+    @property
+    def guard(self):
+        """kernel_path(root), found once: what the file checks compare with."""
+        if self._guard is False:
+            self._guard = kernel_path(self.root)
+        return self._guard
 
     @property
     def records(self):
@@ -4582,12 +4630,12 @@ class Checkpoints:
         full = os.path.join(ws.root, *rel.split("/"))
         seen = (info.dev, info.ino)
         if info.size > MAX_CONTENT_BYTES:
-            sha, size = hash_file(full, within=ws.root, seen=seen)
+            sha, size = hash_file(full, within=ws.guard, seen=seen)
             return KIND_BIG, sha, size, info.mode
         if not store_content:
-            sha, size = hash_file(full, within=ws.root, seen=seen)
+            sha, size = hash_file(full, within=ws.guard, seen=seen)
             return KIND_FILE, sha, size, info.mode
-        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.root, seen=seen)
+        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.guard, seen=seen)
         if written:
             created.append(written)
         if size > MAX_CONTENT_BYTES:  # grew while being read
@@ -5201,7 +5249,7 @@ class Checkpoints:
         payloads = ws.store.payloads
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
-            remove_within(full, ws.root)
+            remove_within(full, ws.guard)
             prune_empty_dirs(ws.root, os.path.dirname(full))
         made, checked = set(), set()
         writes = []
@@ -5209,13 +5257,15 @@ class Checkpoints:
             full = safe_workspace_path(ws.root, rel, checked)
             ensure_dir(os.path.dirname(full), made)
             writes.append((rel, full))
-        stats = in_parallel(lambda item: self._restore_file(payloads, journal, target, *item),
-                            writes)
+        guard = ws.guard
+        stats = in_parallel(lambda item: self._restore_file(payloads, journal, target, guard,
+                                                            *item), writes)
         return {rel: st for (rel, _full), st in zip(writes, stats)}
 
     @staticmethod
-    def _restore_file(payloads, journal, target, rel, full):
-        """Write one file of a restore (its directory exists); its stat after."""
+    def _restore_file(payloads, journal, target, guard, rel, full):
+        """Write one file of a restore (its directory exists); its stat after.
+        guard: the workspace's kernel_path."""
         _kind, sha, _size, mode, _mtime = target[rel]
         try:
             st = os.lstat(full)
@@ -5224,15 +5274,14 @@ class Checkpoints:
         if st is not None and stat_mod.S_ISDIR(st.st_mode):
             os.rmdir(full)  # only an empty directory may give way to a file
             st = None
-        root = journal.data["root"]
         try:
             if st is not None and st.st_nlink > 1:
                 raise PermissionError("hard-linked")  # writing through would change the other names
-            return payloads.write_over(sha, full, mode, within=root)
+            return payloads.write_over(sha, full, mode, within=guard, exists=st is not None)
         except PermissionError:  # read-only or hard-linked: replace the name instead
             tmp = journal.temp_name(full)
-            remove_within(tmp, root)
-            payloads.copy_out(sha, tmp, mode, within=root)
+            remove_within(tmp, guard)
+            payloads.copy_out(sha, tmp, mode, within=guard)
             os.replace(tmp, full)
             return os.lstat(full)  # the rename moved the ctime
 
@@ -5598,8 +5647,8 @@ class Checkpoints:
         def write(item, dest):
             sha, mode = item["sha256"], item["mode"] & 0o777
             if sha in fresh:
-                return payloads.place_stored(sha, dest, mode, within=ws.root)
-            return payloads.import_file(package_file(item), dest, sha, mode, within=ws.root)
+                return payloads.place_stored(sha, dest, mode, within=ws.guard)
+            return payloads.import_file(package_file(item), dest, sha, mode, within=ws.guard)
 
         def place(item):
             rel = item["path"]
@@ -5615,7 +5664,7 @@ class Checkpoints:
                 st = None
             if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
                 tmp = journal.temp_name(full)
-                remove_within(tmp, ws.root)
+                remove_within(tmp, ws.guard)
                 write(item, tmp)
                 os.replace(tmp, full)
                 st = os.lstat(full)  # a rename moves the ctime

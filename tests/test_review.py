@@ -358,6 +358,46 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         self.assertIn("outside the workspace", str(caught.exception))
         self.assertEqual(self.outside_files(), before)
 
+    def test_a_restore_cut_short_is_undone_after_its_folder_moved_behind_a_link(self):
+        names = ["sub/f%02d.txt" % n for n in range(20)]
+        for name in names:
+            self.write(name, "old\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "moved")
+        cp.save(self.root, "one")
+        for name in names:
+            self.write(name, "unsaved work\n")
+        # The restore dies after 10 files, its journal left for the next
+        # server (what a kill leaves; here the rollback is kept from running).
+        real_write, real_undo = tc.PayloadStore.write_over, tc.Checkpoints._undo
+        calls = []
+
+        def dying_write(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 10:
+                raise OSError(5, "the server died here")
+            return real_write(*args, **kwargs)
+
+        def no_rollback(cp_, journal, what, exc):
+            raise exc
+
+        tc.PayloadStore.write_over, tc.Checkpoints._undo = dying_write, no_rollback
+        try:
+            with self.assertRaises(OSError):
+                cp.restore(self.root, index=1, apply=True)
+        finally:
+            tc.PayloadStore.write_over, tc.Checkpoints._undo = real_write, real_undo
+        moved = os.path.join(self.tmp, "elsewhere", "ws")
+        os.makedirs(os.path.dirname(moved))
+        os.rename(self.root, moved)
+        os.symlink(moved, self.root)
+        later = tc.Checkpoints(tc.Config(watch=False, git=False))
+        # The task is known by its old path; any call that takes the store's
+        # lock finishes the rollback first, a new task's init among them.
+        later.init(self.root, "again")
+        self.assertEqual({name: read(moved, name) for name in names},
+                         {name: b"unsaved work\n" for name in names})
+
     def test_a_file_an_editor_replaced_after_the_scan_is_still_read(self):
         self.write("sub/a.txt", "one\n")
         cp = tc.Checkpoints(tc.Config(watch=False, git=False))
