@@ -1318,7 +1318,7 @@ def check_package_file(src, sha):
                               "(tampered or damaged)" % src)
 
 
-def open_over(dest, mode, within=None, exists=None):
+def open_over(dest, mode, *, within=None, exists=None):
     """(file, its stat before writing) of dest opened for writing over in place.
 
     A missing dest is created with the permission bits mode (less any the
@@ -1754,7 +1754,7 @@ class PayloadStore:
         with self._count_lock:
             self.pending_bytes += size
 
-    def copy_out(self, sha, dest, mode, within=None):
+    def copy_out(self, sha, dest, mode, *, within=None):
         """Write the payload to dest (a new file), verifying its hash; within:
         the workspace root dest must be under."""
         digest = hashlib.sha256()
@@ -1776,7 +1776,7 @@ class PayloadStore:
             remove_file(dest)
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
 
-    def write_over(self, sha, dest, mode, within=None, exists=None):
+    def write_over(self, sha, dest, mode, *, within=None, exists=None):
         """Write the payload into dest in place (created or truncated) and verify it.
 
         No staging copy: callers journal dest first, so a failure or a crash
@@ -1785,7 +1785,7 @@ class PayloadStore:
         src = self._open_payload(sha)
         digest = hashlib.sha256()
         with src:
-            out, before = open_over(dest, mode, within, exists)
+            out, before = open_over(dest, mode, within=within, exists=exists)
             with out:
                 for block in src.blocks():
                     digest.update(block)
@@ -1821,14 +1821,14 @@ class PayloadStore:
         self._count(out.written)
         return target
 
-    def place_stored(self, sha, dest, mode, within=None):
+    def place_stored(self, sha, dest, mode, *, within=None):
         """Write the payload sha into dest in place, as write_over does, for a
         payload this operation has just written and checked: copied by the
         kernel, without hashing it again. dest's stat once written."""
         src = self._open_payload(sha)
         with src:
             size = os.fstat(src.fd).st_size
-            out, before = open_over(dest, mode, within)
+            out, before = open_over(dest, mode, within=within)
             with out:
                 out.written = copy_descriptor(src.fd, out.fd)
                 if out.written != size:
@@ -1836,7 +1836,7 @@ class PayloadStore:
                                        "bytes)" % (sha[:12], out.written, size))
                 return end_over(out, dest, before, mode)
 
-    def import_file(self, src, dest, sha, mode, within=None):
+    def import_file(self, src, dest, sha, mode, *, within=None):
         """Copy src into dest (written over in place) and, when missing, into
         the store, in one read; dest's stat once written.
 
@@ -1849,7 +1849,7 @@ class PayloadStore:
         digest = hashlib.sha256()
         try:
             with open_package_file(src) as fh:
-                out, before = open_over(dest, mode, within)
+                out, before = open_over(dest, mode, within=within)
                 with out:
                     try:
                         copy = RawFile(self._opener(sha)(self.path(sha), PAYLOAD_CREATE_FLAGS))
