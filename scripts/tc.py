@@ -1517,7 +1517,9 @@ class PayloadStore:
 
     def missing(self, shas, *, reuse_listings=False):
         """The shas with no stored content: one listing per prefix directory
-        rather than one stat per file.
+        holding several of them, one stat for each of the others (a small
+        store spreads its content one or two to a directory, where a stat is
+        the cheaper check).
 
         reuse_listings (for reports, never for a decision that writes): a
         prefix directory whose modification time is unchanged, and was more
@@ -1526,10 +1528,14 @@ class PayloadStore:
         by_prefix = {}
         for sha in shas:
             by_prefix.setdefault(sha[:2], []).append(sha)
-        mtimes = self._prefix_mtimes() if reuse_listings and len(by_prefix) > 16 else None
+        mtimes = None
+        if reuse_listings and len(by_prefix) > 16 and (
+                self._listings or any(len(group) >= 4 for group in by_prefix.values())):
+            mtimes = self._prefix_mtimes()
         out = []
         for prefix, group in by_prefix.items():
-            if mtimes is None and len(group) < 4:
+            if len(group) < 4 and (mtimes is None or self._listings.get(prefix, (None,))[0]
+                                   != mtimes.get(prefix)):
                 out.extend(sha for sha in group if not self.has(sha))
                 continue
             names = self._listing(prefix, mtimes)

@@ -4,6 +4,7 @@ Each successful result is checked against the outputSchema that tools/list
 declares for that tool, and its text content must be the same object as JSON.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -972,6 +973,28 @@ class LongListTest(ToolsTest):
             record = json.load(fh)
         self.assertEqual(record["conclusion"], log[:90_000])
         self.assertEqual(len(record["verified"]), 30)
+
+    def test_resume_names_content_lost_from_the_store(self):
+        # 400 files spread over the 256 prefix folders: some folders hold
+        # several of them (listed), others one or two (checked one by one).
+        contents = {"f%03d.txt" % n: ("file %d\n" % n).encode() for n in range(400)}
+        for name, data in contents.items():
+            self.write(name, data.decode())
+        self.init()
+        self.save("one")
+        self.assertTrue(self.ok("tc_resume", root=self.root)["health"]["ok"])
+        shas = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
+        per_prefix = {}
+        for name, sha in shas.items():
+            per_prefix.setdefault(sha[:2], []).append(name)
+        crowded = next(names[0] for names in per_prefix.values() if len(names) >= 4)
+        lonely = next(names[0] for names in per_prefix.values() if len(names) == 1)
+        for name in (crowded, lonely):
+            os.remove(os.path.join(self.store, "payload", shas[name][:2], shas[name]))
+        health = self.ok("tc_resume", root=self.root)["health"]
+        self.assertFalse(health["ok"])
+        self.assertEqual(len(health["errors"]), 1, health)
+        self.assertIn("content of 2 file(s) of step 1 is missing", health["errors"][0])
 
     def test_short_lists_come_whole(self):
         self.init()
