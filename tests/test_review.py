@@ -261,20 +261,9 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         cp.init(self.root, "swap")
         cp.save(self.root, "one")
         self.write("sub/a.txt", "inside two, longer\n")  # must be read again
-        real_scan = tc.scan_tree
-
-        def scan_then_swap(root, policy, dirs=None):
-            result = real_scan(root, policy, dirs)
-            if root == self.root:
-                os.rename(os.path.join(root, "sub"), os.path.join(root, "sub.moved"))
-                os.symlink(outside, os.path.join(root, "sub"))
-            return result
-
-        tc.scan_tree = scan_then_swap
-        try:
-            saved = cp.save(self.root, "two")
-        finally:
-            tc.scan_tree = real_scan
+        self.outside = outside
+        self.after_scan(self.swap_sub)
+        saved = cp.save(self.root, "two")
         reasons = {e["path"]: e["reason"] for e in saved["skipped_paths"]}
         self.assertIn("sub/a.txt", reasons)
         self.assertIn("outside the workspace", reasons["sub/a.txt"])
@@ -282,6 +271,26 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
             for name in names:
                 with open(os.path.join(dirpath, name), "rb") as fh:
                     self.assertNotIn(b"OUTSIDE SECRET", fh.read())
+
+    def swap_sub(self):
+        """Replace sub/ by a link to the outside folder."""
+        os.rename(os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved"))
+        os.symlink(self.outside, os.path.join(self.root, "sub"))
+
+    def after_scan(self, change):
+        """Run change once, right after the next real scan of the workspace."""
+        real_scan = tc.scan_tree
+        done = []
+
+        def scan_then_change(root, policy, dirs=None):
+            result = real_scan(root, policy, dirs)
+            if root == self.root and not done:
+                done.append(True)
+                change()
+            return result
+
+        tc.scan_tree = scan_then_change
+        self.addCleanup(setattr, tc, "scan_tree", real_scan)
 
     def swap_before(self, owner, name):
         """Replace sub/ by a link to the outside folder right before the first
@@ -292,8 +301,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         def swapped(*args, **kwargs):
             if not done:
                 done.append(True)
-                os.rename(os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved"))
-                os.symlink(self.outside, os.path.join(self.root, "sub"))
+                self.swap_sub()
             return real(*args, **kwargs)
 
         setattr(owner, name, swapped)
@@ -404,21 +412,14 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         cp.init(self.root, "replaced")
         cp.save(self.root, "one")
         self.write("sub/a.txt", "two\n")
-        real_scan = tc.scan_tree
 
-        def scan_then_replace(root, policy, dirs=None):
-            result = real_scan(root, policy, dirs)
-            if root == self.root:  # a new inode under the same name, as editors save
-                self.write("sub/a.txt.new", "three\n")
-                os.replace(os.path.join(root, "sub", "a.txt.new"),
-                           os.path.join(root, "sub", "a.txt"))
-            return result
+        def replace():  # a new inode under the same name, as editors save
+            self.write("sub/a.txt.new", "three\n")
+            os.replace(os.path.join(self.root, "sub", "a.txt.new"),
+                       os.path.join(self.root, "sub", "a.txt"))
 
-        tc.scan_tree = scan_then_replace
-        try:
-            saved = cp.save(self.root, "two")
-        finally:
-            tc.scan_tree = real_scan
+        self.after_scan(replace)
+        saved = cp.save(self.root, "two")
         self.assertEqual(saved["skipped_paths"], [])
         self.write("sub/a.txt", "four\n")
         cp.restore(self.root, index=2, apply=True)
