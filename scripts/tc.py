@@ -1495,6 +1495,7 @@ STORE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+_NAMED_SHA = re.compile(rb"[0-9a-f]{64}")
 
 
 class PayloadStore:
@@ -1898,6 +1899,30 @@ class PayloadStore:
         except FileNotFoundError:
             raise StoreCorrupt("stored content %s is missing from the payload store"
                                % sha[:12]) from None
+
+    def stored_before(self, cutoff_ns):
+        """(sha, size) of every stored content whose file was last modified
+        before cutoff_ns; names that are not a sha256 in their own prefix
+        folder (temporary files, strays) are left out."""
+        out = []
+        try:
+            with os.scandir(self.directory) as it:
+                prefixes = [e for e in it if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return out
+        for prefix in prefixes:
+            try:
+                with os.scandir(prefix.path) as it:
+                    for entry in it:
+                        if (entry.name[:2] != prefix.name or not _SHA256.match(entry.name)
+                                or not entry.is_file(follow_symlinks=False)):
+                            continue
+                        info = entry.stat(follow_symlinks=False)
+                        if info.st_mtime_ns < cutoff_ns:
+                            out.append((entry.name, info.st_size))
+            except OSError:
+                continue
+        return out
 
     def delete(self, sha):
         """Remove one payload; its size, or 0 when there was none. A name
@@ -4161,6 +4186,29 @@ class Store:
     def write_current(self, active):
         write_record(self.current_path, {"format": 1, "active": active})
 
+    def named_content(self):
+        """Every sha256 named anywhere in the task records or journals (a
+        superset of the content still in use), or None when one of those
+        files cannot be read."""
+        named, failed = set(), []
+        for top in ("tasks", "journal"):
+            top = os.path.join(self.directory, top)
+            if not os.path.isdir(top):
+                continue
+            for dirpath, _dirnames, filenames in os.walk(top, onerror=failed.append):
+                for name in filenames:
+                    if name.startswith(".tmp-"):
+                        continue
+                    try:
+                        with open_regular(os.path.join(dirpath, name))[0] as fh:
+                            data = b"".join(fh.blocks())
+                    except FileNotFoundError:
+                        continue
+                    except OSError:
+                        return None
+                    named.update(m.decode("ascii") for m in _NAMED_SHA.findall(data))
+        return None if failed else named
+
     def journal_dirs(self):
         base = os.path.join(self.directory, "journal")
         try:
@@ -5361,7 +5409,28 @@ class Checkpoints:
                 freed.update(chosen[key] - needed)
             result["converted"] = len(chosen)
             result["bytes_freed"] = sum(payloads.delete(sha) for sha in sorted(freed))
+            orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
+            result["unreferenced"] = len(orphans)
+            result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
         return result
+
+    @staticmethod
+    def _unreferenced_content(store, keep_seconds, needed):
+        """Stored content older than keep_seconds that no record of the store
+        names: what a save or capture stopped between writing its content and
+        its records (killed, a disk full just then) left behind. Any store
+        record naming a sha keeps it, whatever field names it; a record that
+        cannot be read keeps everything. Called under the store lock, where
+        no other writer is between those two points."""
+        cutoff_ns = time.time_ns() - keep_seconds * 1_000_000_000
+        candidates = [sha for sha, _size in store.payloads.stored_before(cutoff_ns)
+                      if sha not in needed]
+        if not candidates:
+            return []
+        named = store.named_content()
+        if named is None:
+            return []
+        return sorted(sha for sha in candidates if sha not in named)
 
     def _protected_content(self, store):
         """Content no compress may touch: steps, recovered records, every index."""

@@ -289,7 +289,8 @@ TOOL_SPECS = {
                         ["task_id"]),
     },
     "tc_compress": {
-        "description": "Reclaim space held by old drift records' content. Steps and recovered "
+        "description": "Reclaim space held by old drift records' content, and by content no "
+                       "record names (left by an interrupted save). Steps and recovered "
                        "records are never touched.",
         "input": s_obj({
             "root": ROOT,
@@ -301,8 +302,8 @@ TOOL_SPECS = {
                              default=50),
         }, ["root"]),
         "output": s_out({k: {"type": "integer"} for k in (
-            "converted", "eligible", "already_gone", "bytes_freed", "keep_seconds",
-            "minimum", "maximum")}),
+            "converted", "eligible", "already_gone", "unreferenced", "bytes_freed",
+            "keep_seconds", "minimum", "maximum")}),
     },
 }
 

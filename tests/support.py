@@ -8,6 +8,7 @@ line per request on stdout.
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,30 @@ def store_problems(store):
                 if digest != name or parts[1] != name[:2]:
                     problems.append("%s does not match its hash" % rel)
     return problems
+
+
+def stored_shas(store):
+    """{sha: path} of every content file under the store's payload folder."""
+    base = os.path.join(store, "payload")
+    found = {}
+    for prefix in (os.listdir(base) if os.path.isdir(base) else ()):
+        folder = os.path.join(base, prefix)
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                if len(name) == 64:
+                    found[name] = os.path.join(folder, name)
+    return found
+
+
+def unnamed_payloads(store):
+    """Stored content that no task record mentions by its sha."""
+    mentioned = set()
+    for dirpath, _dirnames, filenames in os.walk(os.path.join(store, "tasks")):
+        for name in filenames:
+            if name.endswith(".json"):
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    mentioned.update(re.findall(r"[0-9a-f]{64}", fh.read().decode("utf-8")))
+    return sorted(set(stored_shas(store)) - mentioned)
 
 
 def drift_key(record):

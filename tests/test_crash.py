@@ -18,7 +18,7 @@ import random
 import time
 import unittest
 
-from support import WorkspaceTest, snapshot, store_problems
+from support import WorkspaceTest, snapshot, store_problems, stored_shas, unnamed_payloads
 
 SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
 
@@ -233,6 +233,53 @@ class KillDuringSave(CrashTest):
             self.assertTrue(res["applied"])
             self.assertTrue(snapshot(self.root) == known[index],
                             "%s: step %d does not restore byte-exact" % (self.seed_note, index))
+        self.check_store(srv)
+
+
+class KilledSaveContent(CrashTest):
+
+    def test_content_a_killed_save_left_unnamed_is_reclaimed_by_compress(self):
+        names = fill_workspace(self.root, self.rng, files=600)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="killed save content")
+        srv.ok("tc_save", **self.save_args("baseline"))
+        known = snapshot(self.root)
+        before = set(stored_shas(self.store))
+        for rel in names:  # every file gets content the store has never seen
+            write_bytes(self.root, rel, self.rng.randbytes(self.rng.randrange(2000, 9000)))
+        request_id = send(srv, "tc_save", **self.save_args("killed"))
+        deadline = time.monotonic() + 30
+        while len(set(stored_shas(self.store)) - before) < 20 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        answer = kill_and_collect(srv, request_id)
+        self.assertIsNone(answer, "the save finished before the kill; nothing to test")
+        self.assertGreaterEqual(len(unnamed_payloads(self.store)), 20, "nothing was left")
+
+        srv = self.server()
+        # The first lock drops content cut short by the dead writer; the rest
+        # is whole, and the default compress keeps it (7 days).
+        kept = srv.ok("tc_compress", root=self.root)
+        self.assertEqual(kept["unreferenced"], 0, kept)
+        left = unnamed_payloads(self.store)
+        self.assertGreaterEqual(len(left), 19, "the kill left no unnamed content")
+        sizes = sum(os.path.getsize(path) for sha, path in stored_shas(self.store).items()
+                    if sha in left)
+        res = srv.ok("tc_compress", root=self.root, keep_seconds=0)
+        self.assertEqual(res["unreferenced"], len(left), res)
+        self.assertEqual(res["bytes_freed"], sizes, res)
+        self.assertEqual(unnamed_payloads(self.store), [])
+        self.assertTrue(before <= set(stored_shas(self.store)), "named content was removed")
+        self.check_store(srv)
+        srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertTrue(snapshot(self.root) == known, "step 1 does not restore byte-exact")
+        # The save goes through now, with its content stored again.
+        for rel in names[:50]:
+            write_bytes(self.root, rel, self.rng.randbytes(3000))
+        again = srv.ok("tc_save", **self.save_args("after the kill"))
+        state = snapshot(self.root)
+        srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        srv.ok("tc_restore", root=self.root, index=again["index"], apply=True)
+        self.assertTrue(snapshot(self.root) == state)
         self.check_store(srv)
 
 

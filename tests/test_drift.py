@@ -5,6 +5,7 @@ The watcher tests run with a one-second interval and a three-second quiet
 period ceiling, and poll for what they expect instead of sleeping a fixed time.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -13,7 +14,8 @@ import threading
 import time
 import unittest
 
-from support import WorkspaceTest, drift_key, drift_paths, snapshot, tree_listing
+from support import (WorkspaceTest, drift_key, drift_paths, snapshot, stored_shas,
+                     tree_listing, unnamed_payloads)
 
 # Short ticks keep the suite fast; the behaviour is the same at any interval.
 TICK = 0.25
@@ -396,6 +398,54 @@ class CompressTest(WorkspaceTest):
         return {name: os.path.join(base, prefix, name) for prefix in os.listdir(base)
                 if os.path.isdir(os.path.join(base, prefix))
                 for name in os.listdir(os.path.join(base, prefix))}
+
+    def test_unnamed_content_goes_by_age_and_named_content_never(self):
+        srv = self.server(env=WATCH_OFF)
+        self.write("a.bin", binary_blob(30, 20000))
+        task_id = srv.ok("tc_init", root=self.root, name="unnamed")["task_id"]
+        srv.ok("tc_save", root=self.root, title="s1")
+        state1 = snapshot(self.root)
+        self.write("a.bin", binary_blob(31, 20000))
+        srv.ok("tc_capture", root=self.root)
+        self.write("a.bin", binary_blob(32, 20000))
+        srv.ok("tc_save", root=self.root, title="s2")
+        state2 = snapshot(self.root)
+        named = stored_shas(self.store)
+        # Content as an interrupted save leaves it: whole, under its own name.
+        orphans = {}
+        for seed, days in ((33, 8), (34, 1)):
+            data = binary_blob(seed, 5000)
+            sha = hashlib.sha256(data).hexdigest()
+            path = os.path.join(self.store, "payload", sha[:2], sha)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(data)
+            orphans[days] = path
+        month_ago = time.time() - 30 * 86400
+        for path in list(named.values()) + list(orphans.values()):
+            age = 86400 * next((d for d, p in orphans.items() if p == path), 30)
+            os.utime(path, (time.time() - age, time.time() - age))
+        self.assertEqual(unnamed_payloads(self.store), sorted(
+            os.path.basename(p) for p in orphans.values()))
+        # A FIFO among the records is not read (it would block): nothing unnamed goes.
+        fifo = os.path.join(self.store, "tasks", task_id, "notes")
+        os.mkfifo(fifo)
+        res = srv.ok("tc_compress", root=self.root)
+        self.assertEqual(res["unreferenced"], 0, res)
+        self.assertTrue(all(os.path.exists(p) for p in orphans.values()))
+        os.remove(fifo)
+        res = srv.ok("tc_compress", root=self.root)  # 7 days: the 8-day-old one goes
+        self.assertEqual((res["unreferenced"], res["bytes_freed"]), (1, 5000), res)
+        self.assertFalse(os.path.exists(orphans[8]))
+        self.assertTrue(os.path.exists(orphans[1]))
+        res = srv.ok("tc_compress", root=self.root, keep_seconds=3600)
+        self.assertEqual(res["unreferenced"], 1, res)
+        self.assertEqual(unnamed_payloads(self.store), [])
+        self.assertEqual(set(stored_shas(self.store)), set(named), "named content was removed")
+        self.assertLess(os.path.getmtime(next(iter(named.values()))), month_ago + 60)
+        for index, expected in ((1, state1), (2, state2)):
+            srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            self.assertEqual(snapshot(self.root), expected)
 
     def test_content_a_stopped_compress_left_behind_is_reclaimed_next_time(self):
         srv = self.server(env=WATCH_OFF)
