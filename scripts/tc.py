@@ -408,6 +408,24 @@ def remove_tree(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
+def make_dirs(path):
+    """os.makedirs(path, exist_ok=True) without recursion: a workspace may
+    nest folders deeper than Python's recursion limit."""
+    missing = []
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        missing.append(path)
+        path = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+
+
 def atomic_write(path, data, *, durable=True):
     """Write bytes (or an iterable of byte strings) to path through a unique
     temp file and a rename.
@@ -2512,7 +2530,7 @@ def _put_back(payloads, full, before, guard):
             os.rmdir(full)
         except OSError:
             pass
-    os.makedirs(os.path.dirname(full), exist_ok=True)
+    make_dirs(os.path.dirname(full))
     tmp = sibling_temp(full, "rollback")
     remove_within(tmp, guard)
     payloads.copy_out(sha, tmp, mode, within=guard)
@@ -2592,7 +2610,7 @@ def _rollback_records(store, directory, data):
 def ensure_dir(path, made):
     """makedirs once per directory of a batch (made remembers what exists)."""
     if path not in made:
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path)
         made.add(path)
 
 
@@ -2696,16 +2714,17 @@ def _unrestorable_reason(path, have, want, has_payload, current, deleted):
 def missing_dirs(root, rels):
     """Directories a write of rels would create, parents first."""
     out = []
-    seen = set()
+    there = {}  # folder -> whether it exists
     for rel in rels:
-        parts = rel.split("/")[:-1]
-        for depth in range(1, len(parts) + 1):
-            sub = "/".join(parts[:depth])
-            if sub in seen:
-                continue
-            seen.add(sub)
-            if not os.path.lexists(os.path.join(root, *parts[:depth])):
-                out.append(sub)
+        sub, absent = "", False
+        for part in rel.split("/")[:-1]:
+            sub = sub + "/" + part if sub else part
+            known = there.get(sub)
+            if known is None:  # below a missing folder nothing exists
+                known = there[sub] = not absent and os.path.lexists(os.path.join(root, sub))
+                if not known:
+                    out.append(sub)
+            absent = not known
     return out
 
 
@@ -3981,7 +4000,7 @@ def copy_tree_file(payloads, sha, dest, mode, made=None):
     """copy_out into a tree, creating dest's folder (once per folder with made)."""
     folder = os.path.dirname(dest)
     if made is None or folder not in made:
-        os.makedirs(folder, exist_ok=True)
+        make_dirs(folder)
         if made is not None:
             made.add(folder)
     payloads.copy_out(sha, dest, mode)

@@ -245,6 +245,59 @@ class RestoreTests(WorkspaceTest):
         self.assertFalse(res.is_error, res.text)
 
 
+class DeepFolderTests(WorkspaceTest):
+    """Folders nested deeper than Python's recursion limit (about 1,000)."""
+
+    DEPTH = 1100
+
+    def tearDown(self):
+        for srv in self._servers:
+            srv.close()
+        # os.walk and shutil.rmtree recurse once per level before Python 3.12.
+        for name in ("ws", "fresh", "out"):
+            subprocess.run(["rm", "-rf", os.path.join(self.tmp, name)], check=True)
+        super().tearDown()
+
+    def make_deep(self, base):
+        """base/a/a/.../a/f.txt, DEPTH folders down; the relative path."""
+        fd = os.open(base, os.O_RDONLY)
+        try:
+            for _ in range(self.DEPTH):
+                os.mkdir("a", dir_fd=fd)
+                inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            out = os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+            os.write(out, b"deep\n")
+            os.close(out)
+        finally:
+            os.close(fd)
+        return "/".join(["a"] * self.DEPTH + ["f.txt"])
+
+    def test_restore_export_and_import_recreate_deep_folders(self):
+        rel = self.make_deep(self.root)
+        self.write("top.txt", "top\n")
+        srv = self.server(env={"TC_WATCH": "off"})
+        srv.ok("tc_init", root=self.root, name="deep")
+        srv.ok("tc_save", root=self.root, title="deep tree")
+        subprocess.run(["rm", "-rf", os.path.join(self.root, "a")], check=True)
+        srv.ok("tc_save", root=self.root, title="tree removed")
+        res = srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(res["plan"]["to_write"], [rel])
+        self.assertEqual(self.read(rel), b"deep\n")
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        package = srv.ok("tc_export", root=self.root, to=out)["path"]
+        fresh = os.path.join(self.tmp, "fresh")
+        os.mkdir(fresh)
+        srv.ok("tc_import", root=fresh, package=package)
+        with open(os.path.join(fresh, *rel.split("/"))) as fh:
+            self.assertEqual(fh.read(), "deep\n")
+        undo = srv.ok("tc_restore", root=self.root, index=2, apply=True)
+        self.assertEqual(undo["plan"]["to_delete"], [rel])
+        self.assertEqual(sorted(os.listdir(self.root)), [".checkpoints", "top.txt"])
+
+
 class FolderSwappedAfterTheScanTests(WorkspaceTest):
     """A folder replaced by a link to elsewhere between the scan and the
     reads (another process racing the save) must not bring the files over
