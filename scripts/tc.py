@@ -405,7 +405,56 @@ def new_temp(directory, prefix, suffix=""):
 def remove_tree(path):
     """Remove a folder and what it holds, as far as possible; errors are ignored."""
     import shutil  # only for removals, so it is not paid at start-up
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:  # deeper than shutil can go before Python 3.12
+        remove_deep_tree(path)
+
+
+def remove_deep_tree(path):
+    """remove_tree without recursion. Each folder is opened without following
+    a symlink and listed through that descriptor only when it is still the
+    folder its parent's listing showed, so a folder swapped for a link is
+    never entered."""
+    if os.scandir not in os.supports_fd or os.unlink not in os.supports_dir_fd:
+        return
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return
+    stack = [(path, (top.st_dev, top.st_ino), False)]
+    while stack:
+        folder, identity, emptied = stack.pop()
+        if emptied:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+            continue
+        try:
+            fd = os.open(folder, os.O_RDONLY | NO_FOLLOW | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            continue
+        try:
+            seen = os.fstat(fd)
+            if (seen.st_dev, seen.st_ino) != identity:
+                continue
+            stack.append((folder, identity, True))
+            with os.scandir(fd) as it:
+                for entry in it:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                        if stat_mod.S_ISDIR(info.st_mode):
+                            stack.append((os.path.join(folder, entry.name),
+                                          (info.st_dev, info.st_ino), False))
+                        else:
+                            os.unlink(entry.name, dir_fd=fd)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def make_dirs(path):

@@ -297,6 +297,22 @@ class DeepFolderTests(WorkspaceTest):
         self.assertEqual(undo["plan"]["to_delete"], [rel])
         self.assertEqual(sorted(os.listdir(self.root)), [".checkpoints", "top.txt"])
 
+    def test_removing_a_deep_tree_never_follows_a_link(self):
+        outside = os.path.join(self.tmp, "outside")
+        os.mkdir(outside)
+        with open(os.path.join(outside, "keep.txt"), "w") as fh:
+            fh.write("not to be removed\n")
+        doomed = os.path.join(self.tmp, "out")
+        os.mkdir(doomed)
+        rel = self.make_deep(doomed)
+        middle = os.path.join(doomed, *["a"] * 500)
+        os.symlink(outside, os.path.join(middle, "link"))
+        os.symlink(os.path.join(outside, "keep.txt"), os.path.join(middle, "file-link"))
+        tc.remove_tree(doomed)
+        self.assertFalse(os.path.lexists(doomed))
+        self.assertEqual(os.listdir(outside), ["keep.txt"])
+        self.assertFalse(os.path.lexists(os.path.join(self.tmp, *rel.split("/"))))
+
 
 class FolderSwappedAfterTheScanTests(WorkspaceTest):
     """A folder replaced by a link to elsewhere between the scan and the
