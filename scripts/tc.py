@@ -484,7 +484,10 @@ def atomic_write(path, data, *, durable=True):
     """
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = new_temp(directory, ".tmp-", ".part")
+    try:
+        fd, tmp = new_temp(directory, ".tmp-", ".part")
+    except OSError as exc:
+        raise named_after(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             if isinstance(data, (bytes, bytearray)):
@@ -496,14 +499,22 @@ def atomic_write(path, data, *, durable=True):
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.filename == tmp:
+            raise named_after(exc, path) from None
         raise
     if durable:
         fsync_dir(directory)
+
+
+def named_after(exc, path):
+    """The same error about path, for one met on a temporary name of its
+    (what the user knows is the file being written, not the staging name)."""
+    return OSError(exc.errno, exc.strerror or str(exc), path)
 
 
 def dump_json(obj, *, sort_keys=True):
@@ -533,12 +544,17 @@ def stage_record(path, obj):
     """obj written to a new temporary name beside path, not yet flushed; the
     temporary name, for the caller to flush and rename over path."""
     directory = os.path.dirname(path)
-    fd, tmp = new_temp(directory, ".tmp-", ".part")
+    try:
+        fd, tmp = new_temp(directory, ".tmp-", ".part")
+    except OSError as exc:
+        raise named_after(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(dump_json(obj))
-    except BaseException:
+    except BaseException as exc:
         remove_file(tmp)
+        if isinstance(exc, OSError):
+            raise named_after(exc, path) from None
         raise
     return tmp
 
@@ -583,10 +599,17 @@ def read_json_or(path, default):
 
 
 def remove_file(path):
+    """Unlink path: True when it was there, False when it was not. A read-only
+    file system refuses even to unlink a missing name (EROFS, not ENOENT), so
+    a refusal counts as done when nothing is there."""
     try:
         os.unlink(path)
         return True
     except FileNotFoundError:
+        return False
+    except OSError:
+        if os.path.lexists(path):
+            raise
         return False
 
 
@@ -1558,6 +1581,8 @@ def unwritten_bytes():
 # never waits long for other programs' data.
 SYNCFS_OTHER_DIRTY_LIMIT = 4 * 1024 * 1024
 
+# The state's counters of numbered records (steps, drifts, manifests).
+RECORD_COUNTERS = ("last_step", "last_drift", "last_manifest")
 STORE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
@@ -1573,7 +1598,7 @@ class PayloadStore:
         self.pending = []  # payloads written since the last flush
         self._dirs = set()  # prefix directories known to exist
         self._listings = {}  # prefix -> (mtime_ns, names), see missing()
-        self.suspect = False  # a short payload could not be removed: verify at next lock
+        self.suspect = False  # a failed write left files behind: check at the next lock
         self.pending_bytes = 0  # bytes of the pending payloads
         self._count_lock = threading.Lock()
 
@@ -2179,6 +2204,9 @@ class ManifestLog:
         self._remember(number, result)
         return result
 
+    def forget(self):
+        self._cache.clear()
+
     def depth(self, number):
         if not number:
             return ANCHOR_EVERY
@@ -2295,8 +2323,10 @@ class TaskRecords:
         try:
             flush([staged])
             os.replace(staged, self.state_path)
-        except BaseException:
+        except BaseException as exc:
             remove_file(staged)
+            if isinstance(exc, OSError) and exc.filename == staged:
+                raise named_after(exc, self.state_path) from None
             raise
         fsync_dir(os.path.dirname(self.state_path))
 
@@ -2318,7 +2348,7 @@ class TaskRecords:
     def _numbers(self, sub, prefix):
         try:
             names = os.listdir(os.path.join(self.directory, sub))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         out = []
         for name in names:
@@ -2331,6 +2361,13 @@ class TaskRecords:
 
     def drift_numbers(self):
         return self._numbers("drifts", "d")
+
+    def numbered_records(self):
+        """{state counter: (numbers of the records on disk, path of a number)}
+        for the steps, drifts and manifests."""
+        return {"last_step": (self.step_numbers(), self.step_path),
+                "last_drift": (self.drift_numbers(), self.drift_path),
+                "last_manifest": (self._numbers("manifest", "m"), self.manifests.path)}
 
     @gc_paused
     def read_index(self):
@@ -2651,9 +2688,14 @@ def _rollback_records(store, directory, data):
             continue
         try:
             with open(os.path.join(directory, backup), "rb") as fh:
-                atomic_write(target, fh.read())
+                before = fh.read()
         except FileNotFoundError:  # damaged journal: keep the current file
             store.log("journal %s lacks its backup of %s" % (directory, rel))
+            continue
+        # A record the operation never got to change is left alone: on a
+        # read-only or immutable file, writing it back would fail for nothing.
+        if read_file_or_none(target) != before:
+            atomic_write(target, before)
 
 
 def ensure_dir(path, made):
@@ -4216,6 +4258,7 @@ class Store:
                               on_acquire=self.recover, on_release=self.end_write)
         self._tasks = {}
         self._writing = False
+        self._rollback_failures = {}  # journal folder -> error of its last rollback
 
     def task(self, task_id):
         records = self._tasks.get(task_id)
@@ -4324,8 +4367,8 @@ class Store:
         if self._writing:
             if self.payloads.suspect:
                 # Left in place: the next lock holder checks recent payloads.
-                self.log("a stored content file could not be removed after a failed write; "
-                         "it is checked when the store is next locked")
+                self.log("a failed write left files it could not remove; they are "
+                         "checked when the store is next locked")
                 self.payloads.suspect = False
             else:
                 remove_file(self.marker_path)
@@ -4334,11 +4377,21 @@ class Store:
     def recover(self):
         """Clean up after a writer that died (called with the lock newly held)."""
         for directory in self.journal_dirs():
-            self.log("rolling back the interrupted operation %s" % os.path.basename(directory))
+            # Every lock retries a rollback that failed; the log says so once
+            # per journal and error, not at every watcher tick.
+            failed_before = self._rollback_failures.get(directory)
+            if failed_before is None:
+                self.log("rolling back the interrupted operation %s"
+                         % os.path.basename(directory))
             try:
                 rollback_journal(self, directory)
             except Exception as exc:  # kept for the next try; writes refuse meanwhile
-                self.log("rollback of %s failed: %s" % (directory, exc))
+                if str(exc) != failed_before:
+                    self.log("rollback of %s failed: %s" % (directory, exc))
+                self._rollback_failures[directory] = str(exc)
+            else:
+                if self._rollback_failures.pop(directory, None) is not None:
+                    self.log("rolled back %s after all" % os.path.basename(directory))
         try:
             marked_ns = os.stat(self.marker_path).st_mtime_ns
         except FileNotFoundError:
@@ -4374,11 +4427,8 @@ class Store:
             state = records.read_state()
         except (NotFound, StoreCorrupt):
             return
-        found = {"last_step": (records.step_numbers(), records.step_path),
-                 "last_drift": (records.drift_numbers(), records.drift_path),
-                 "last_manifest": (records._numbers("manifest", "m"), records.manifests.path)}
         changed = False
-        for key, (numbers, path_of) in found.items():
+        for key, (numbers, path_of) in records.numbered_records().items():
             kept = [n for n in numbers if n <= state.get(key, 0) or self._whole(path_of(n))]
             if kept and kept[-1] > state.get(key, 0):
                 state[key] = kept[-1]
@@ -4822,21 +4872,69 @@ class Checkpoints:
                 remove_tree(ws.records.directory)
                 raise
             # The new task is complete: only now is the previous one suspended.
-            active = st.read_current()
-            prev_suspended = self._suspend(st, active.get(root))
-            active[root] = task_id
-            st.write_current(active)
-            pointer = os.path.join(root, POINTER_NAME)
-            if external:
-                write_json(pointer, {"store": st.directory})
-            elif os.path.isfile(pointer) and not os.path.islink(pointer):
-                remove_file(pointer)  # the default store is back in use
+            # A failure from here on (a read-only workspace refusing the
+            # pointer, an unwritable current.json) undoes all of it.
+            previous = st.read_current().get(root)
+            try:
+                self._point_at_store(root, st, external)
+                prev_suspended = self._make_active(st, root, task_id, previous)
+            except BaseException:
+                remove_tree(ws.records.directory)
+                raise
         self._watch(root, st)
         note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
                 % (baseline, len(ws.records.read_index()["files"])))
         return {"task_id": task_id, "name": ws.state["name"], "store": st.directory,
                 "store_is_external": external, "prev_suspended": prev_suspended,
                 "exclude": exclude, "note": note}
+
+    def _point_at_store(self, root, store, external):
+        """Leave the pointer file an external store needs in the workspace (or
+        remove a stale one). With TC_STORE set, later servers find the store
+        without it, so a workspace that refuses the file (read-only) is fine."""
+        pointer = os.path.join(root, POINTER_NAME)
+        try:
+            if external:
+                wanted = {"store": store.directory}
+                try:
+                    if read_json(pointer) == wanted:
+                        return
+                except (OSError, StoreCorrupt):
+                    pass
+                write_json(pointer, wanted)
+            elif os.path.isfile(pointer) and not os.path.islink(pointer):
+                remove_file(pointer)  # the default store is back in use
+        except OSError as exc:
+            if not self.config.store:
+                raise
+            store.log("the store pointer %r could not be written (%s); TC_STORE names "
+                      "the store" % (pointer, describe_os_error(exc)))
+
+    def _make_active(self, store, root, task_id, previous):
+        """Suspend root's active task `previous` and make task_id the active
+        one; on failure the previous task is left as it was. The suspended id
+        (None when nothing was open)."""
+        suspended = self._suspend(store, previous) if previous != task_id else None
+        try:
+            active = store.read_current()
+            if active.get(root) != task_id:
+                active[root] = task_id
+                store.write_current(active)
+        except BaseException:
+            if suspended:
+                self._reopen(store, suspended)
+            raise
+        return suspended
+
+    def _reopen(self, store, task_id):
+        """Best effort: put a task an unfinished switch suspended back to open."""
+        try:
+            records = store.task(task_id)
+            state = records.read_state()
+            state["status"] = "open"
+            records.write_state(state)
+        except (OSError, CheckpointError) as exc:
+            store.log("task %s stays suspended after a failed switch: %s" % (task_id, exc))
 
     def _new_task_id(self, store, name):
         slug = slugify(name)
@@ -4877,15 +4975,20 @@ class Checkpoints:
             if state["status"] == "closed":
                 raise TaskClosed("task %r is closed; it can be read (tc_show, tc_resume) but "
                                  "not reopened" % task_id)
-            active = ws.store.read_current()
-            previous = active.get(ws.root)
-            if previous != task_id:
-                self._suspend(ws.store, previous)
-            if state["status"] != "open":
+            previous = ws.store.read_current().get(ws.root)
+            reopened = state["status"] != "open"
+            if reopened:
                 state["status"] = "open"
                 ws.records.write_state(state)
-            active[ws.root] = task_id
-            ws.store.write_current(active)
+            try:
+                self._make_active(ws.store, ws.root, task_id, previous)
+            except BaseException:
+                if reopened:
+                    try:
+                        self._suspend(ws.store, task_id)
+                    except (OSError, CheckpointError):
+                        pass  # open but not active: a save or switch sets it right
+                raise
         self._watch(ws.root, ws.store)
         return {"task_id": task_id, "status": "open"}
 
@@ -4914,10 +5017,15 @@ class Checkpoints:
                 ws.store.payloads.discard(snap.created)
                 raise
             state = ws.state = ws.records.read_state()
-            result = self._commit_step(ws, state, old_index, snap, title.strip(),
-                                       description or "", conclusion or "", next or "",
-                                       list(verified or ()), list(open_questions or ()),
-                                       bool(close))
+            counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
+            try:
+                result = self._commit_step(ws, state, old_index, snap, title.strip(),
+                                           description or "", conclusion or "", next or "",
+                                           list(verified or ()), list(open_questions or ()),
+                                           bool(close))
+            except BaseException:
+                self._drop_unrecorded(ws, counters, snap.created)
+                raise
             # Inside the lock, so concurrent saves chain their refs in step order.
             step = result.pop("_step", None)
             result["git"] = (self._git_ref(ws, step) if step is not None
@@ -4927,6 +5035,30 @@ class Checkpoints:
         if self.watcher:
             self.watcher.reset(ws.root)
         return result
+
+    def _drop_unrecorded(self, ws, counters, created):
+        """After a save or capture failed before its state moved: remove the
+        records it wrote and the content it stored, so no listing shows a
+        step the caller was told failed, and a full disk gets its space back.
+        counters: the state's record counters before the write. When the
+        state did move, the write counts. When the cleanup itself fails, the
+        store stays marked, and the next lock counts those records in
+        (reconcile_numbers), as after a crash."""
+        records = ws.records
+        try:
+            on_disk = records.read_state()
+            if any(on_disk.get(key, 0) != value for key, value in counters.items()):
+                return
+            for key, (numbers, path_of) in records.numbered_records().items():
+                for number in sorted(numbers, reverse=True):
+                    if number > counters[key]:
+                        remove_file(path_of(number))
+        except (OSError, CheckpointError):
+            ws.store.payloads.suspect = True
+            return
+        finally:
+            records.manifests.forget()
+        ws.store.payloads.discard(created)
 
     def _activate(self, ws):
         """Make ws.task_id the active, open task of its root; True when the
@@ -4940,9 +5072,7 @@ class Checkpoints:
             ws.records.write_state(state)
         if previous == ws.task_id:
             return False
-        self._suspend(ws.store, previous)
-        active[ws.root] = ws.task_id
-        ws.store.write_current(active)
+        self._make_active(ws.store, ws.root, ws.task_id, previous)
         return True
 
     def _commit_step(self, ws, state, old_index, snap, title, description, conclusion,
@@ -5234,11 +5364,17 @@ class Checkpoints:
             drift = None
             if snap.entries != old_entries:
                 later = []
-                drift = self._record_drift(ws, state, snap.entries, old_entries, kind=source,
-                                           partial=partial or waiting, later=later)
-                state["index_manifest"] = drift["manifest"]
-                ws.records.write_state_with(
-                    state, lambda staged: ws.store.payloads.flush_with(later + staged))
+                counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
+                try:
+                    drift = self._record_drift(ws, state, snap.entries, old_entries,
+                                               kind=source, partial=partial or waiting,
+                                               later=later)
+                    state["index_manifest"] = drift["manifest"]
+                    ws.records.write_state_with(
+                        state, lambda staged: ws.store.payloads.flush_with(later + staged))
+                except BaseException:
+                    self._drop_unrecorded(ws, counters, snap.created)
+                    raise
             self._write_index(ws, snap, old_index)
         self._watch(ws.root, ws.store)
         if self.watcher and source == "capture":
@@ -5830,10 +5966,7 @@ class Checkpoints:
         ws.records.write_index(self._index_after_writes(
             ws, rows, {item["path"] for item in desc["files"]}, pre.stamp_ns), whole=True)
         ws.records.write_state(state)
-        active = ws.store.read_current()
-        self._suspend(ws.store, active.get(ws.root))
-        active[ws.root] = ws.task_id
-        ws.store.write_current(active)
+        self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
         return recovered
 
     def _import_records(self, ws, desc):

@@ -1,15 +1,22 @@
-"""Faults of the disk under a real server: a full file system.
+"""Faults of the disk under a real server: a full file system, and parts of
+the workspace or the store that refuse writes.
 
-Needs root to mount a small tmpfs; skipped otherwise.
+The mounts and immutable files need root; those tests are skipped otherwise.
 """
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
-from support import Server, write
+from support import SCRIPTS, Server, WorkspaceTest, stored_shas, write
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 
 def mount_tmpfs(path, size):
@@ -82,6 +89,178 @@ class FullDiskTest(unittest.TestCase):
             os.remove(os.path.join(self.root, "f%02d.bin" % n))
         srv.ok("tc_init", root=self.root, name="fits")
         self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
+
+
+def bind_read_only(path):
+    """Make path a read-only bind mount of itself; False when that is not allowed."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    if subprocess.run(["mount", "--bind", path, path], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        return False
+    if subprocess.run(["mount", "-o", "remount,bind,ro", path], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["umount", path])
+        return False
+    return True
+
+
+def make_immutable(path):
+    """chattr +i; False where the file system or the user cannot."""
+    if os.geteuid() != 0 or not shutil.which("chattr"):
+        return False
+    return subprocess.run(["chattr", "+i", path], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+class UnwritablePartsTest(WorkspaceTest):
+    """A write refused partway through a tool call: a clean error, and no
+    record, task or activation the caller was told did not happen."""
+
+    def state(self, task_id):
+        with open(os.path.join(self.store, "tasks", task_id, "state.json")) as fh:
+            return json.load(fh)
+
+    def assert_clean_error(self, res, name):
+        self.assertTrue(res.is_error, "%s: %r" % (name, res))
+        self.assertEqual(len(res.text.strip().splitlines()), 1, res.text)
+        self.assertNotIn("Traceback", res.text)
+        self.assertNotIn(".tmp-", res.text, "the error names a staging file")
+
+    def test_a_save_refused_after_its_first_records_leaves_no_trace(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        task_id = srv.ok("tc_init", root=self.root, name="refused")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        before = self.state(task_id)
+        self.write("a.txt", "two, never saved before\n")
+        steps = os.path.join(self.store, "tasks", task_id, "steps")
+        os.rename(steps, steps + ".aside")
+        write(os.path.dirname(steps), "steps", "a file where the folder should be\n")
+        for name, args in (("tc_save", {"title": "two"}), ("tc_save", {"title": "two"})):
+            self.assert_clean_error(srv.call(name, root=self.root, **args), name)
+        self.assertEqual(self.state(task_id), before)
+        task_dir = os.path.join(self.store, "tasks", task_id)
+        for sub, prefix, key in (("manifest", "m", "last_manifest"),
+                                 ("drifts", "d", "last_drift")):
+            numbers = [int(n[1:5]) for n in os.listdir(os.path.join(task_dir, sub))]
+            self.assertEqual(max(numbers), before[key], "%s left beyond the state" % sub)
+        new_sha = hashlib.sha256(b"two, never saved before\n").hexdigest()
+        self.assertNotIn(new_sha, stored_shas(self.store), "the failed save kept its content")
+        os.remove(steps)
+        os.rename(steps + ".aside", steps)
+        shown = srv.ok("tc_show", root=self.root)
+        self.assertEqual([s["index"] for s in shown["steps"]], [1])
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["index"], 2)
+        srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(self.read("a.txt"), b"one\n")
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+
+    def test_an_init_whose_store_pointer_is_refused_changes_nothing(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        first = srv.ok("tc_init", root=self.root, name="first")["task_id"]
+        os.mkdir(os.path.join(self.root, ".task-checkpoint-store.json"))  # refuses the file
+        elsewhere = os.path.join(self.tmp, "elsewhere")
+        res = srv.call("tc_init", root=self.root, name="second", store=elsewhere)
+        self.assert_clean_error(res, "tc_init")
+        self.assertEqual(os.listdir(os.path.join(elsewhere, "tasks")), [],
+                         "the refused init left its task behind")
+        current = os.path.join(elsewhere, "current.json")
+        if os.path.exists(current):
+            with open(current) as fh:
+                self.assertNotIn(self.root, json.load(fh))
+        resumed = srv.ok("tc_resume", root=self.root)
+        self.assertEqual((resumed["active_task"], resumed["status"]), (first, "open"))
+
+    def test_init_and_save_on_a_read_only_workspace_with_tc_store(self):
+        self.write("a.txt", "one\n")
+        store = os.path.join(self.tmp, "store")
+        if not bind_read_only(self.root):
+            self.skipTest("needs root to bind-mount read-only")
+        try:
+            srv = self.server(env={"TC_WATCH": "off", "TC_STORE": store})
+            task_id = srv.ok("tc_init", root=self.root, name="read-only")["task_id"]
+            self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
+            resumed = srv.ok("tc_resume", root=self.root)
+            self.assertEqual(resumed["active_task"], task_id)
+            self.assertEqual(os.listdir(os.path.join(store, "tasks")), [task_id])
+        finally:
+            subprocess.run(["umount", self.root])
+        self.assertEqual(sorted(os.listdir(self.root)), ["a.txt"])
+
+    def test_a_restore_refused_by_a_read_only_record_folder_changes_nothing(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        task_id = srv.ok("tc_init", root=self.root, name="ro drifts")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "two\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        self.write("a.txt", "unsaved\n")
+        drifts = os.path.join(self.store, "tasks", task_id, "drifts")
+        if not bind_read_only(drifts):
+            self.skipTest("needs root to bind-mount read-only")
+        try:
+            res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+            self.assert_clean_error(res, "tc_restore")
+            self.assertIn("nothing was changed", res.text)
+            self.assertEqual(self.read("a.txt"), b"unsaved\n")
+            self.assertFalse(os.listdir(os.path.join(self.store, "journal"))
+                             if os.path.isdir(os.path.join(self.store, "journal")) else [],
+                             "the restore left a journal it could not roll back")
+            self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+        finally:
+            subprocess.run(["umount", drifts])
+        srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(self.read("a.txt"), b"one\n")
+
+    def test_an_immutable_active_pointer_still_allows_what_needs_no_change(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        side = srv.ok("tc_init", root=self.root, name="side")["task_id"]
+        main = srv.ok("tc_init", root=self.root, name="main")["task_id"]
+        current = os.path.join(self.store, "current.json")
+        if not make_immutable(current):
+            self.skipTest("needs root and a file system with immutable files")
+        try:
+            self.assert_clean_error(srv.call("tc_switch", root=self.root, task_id=side),
+                                    "tc_switch")
+            self.assertEqual(srv.ok("tc_switch", root=self.root, task_id=main)["status"], "open")
+            self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
+            self.assertEqual((self.state(main)["status"], self.state(side)["status"]),
+                             ("open", "suspended"))
+        finally:
+            subprocess.run(["chattr", "-i", current])
+
+
+class RollbackLogTest(unittest.TestCase):
+
+    def test_a_rollback_that_keeps_failing_is_logged_once(self):
+        store_dir = tempfile.mkdtemp(prefix="tc-rollback-")
+        self.addCleanup(shutil.rmtree, store_dir, True)
+        journal = os.path.join(store_dir, "journal", "restore-1-abcd")
+        os.makedirs(journal)
+        # The record to put back is now a folder: writing it back fails each time.
+        os.makedirs(os.path.join(store_dir, "tasks", "t", "state.json", "inside"))
+        write(journal, "backup-0", "{}")
+        plan = {"op": "restore", "op_id": "restore-1-abcd", "root": store_dir, "entries": [],
+                "created_dirs": [], "store_new": [], "store_new_dirs": [],
+                "store_backup": {"tasks/t/state.json": "backup-0"}, "payloads_new": []}
+        write(journal, "plan.json", json.dumps(plan))
+        lines = []
+        store = tc.Store(store_dir, lines.append)
+        for _ in range(5):
+            with store.lock:
+                pass
+        failures = [line for line in lines if "failed" in line]
+        self.assertEqual(len(failures), 1, lines)
+        self.assertEqual(len(lines), 2, lines)
+        os.rmdir(os.path.join(store_dir, "tasks", "t", "state.json", "inside"))
+        os.rmdir(os.path.join(store_dir, "tasks", "t", "state.json"))
+        with store.lock:
+            pass
+        self.assertFalse(os.path.exists(journal))
+        self.assertIn("after all", lines[-1])
 
 
 if __name__ == "__main__":
