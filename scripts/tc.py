@@ -244,6 +244,19 @@ def describe_os_error(exc):
     return "%s: %r" % (reason, name) if name else reason
 
 
+# What a user can do about the errors the machine, not the code, causes (a
+# traceback would tell them nothing more, so the log gets the message only).
+OS_ERROR_ADVICE = {
+    errno.ENOSPC: "The disk is full: free space and retry.",
+    errno.EDQUOT: "The disk quota is used up: free space and retry.",
+    errno.EROFS: "That file system is read-only: make it writable, or use another "
+                 "directory, and retry.",
+    errno.EACCES: "Permission denied: fix the permissions and retry.",
+    errno.EPERM: "The operation is not permitted there (permissions, or an immutable "
+                 "file): fix that and retry.",
+}
+
+
 # ---------------------------------------------------------------------------
 # 3. File-system basics
 # ---------------------------------------------------------------------------
@@ -509,6 +522,14 @@ def atomic_write(path, data, *, durable=True):
         raise
     if durable:
         fsync_dir(directory)
+
+
+def staged_error(exc, tmp, name):
+    """exc, about name when it was met on tmp (named by its path or, through
+    a folder descriptor, by its base name), the staging copy of name."""
+    if exc.filename is not None and exc.filename in (tmp, os.path.basename(tmp)):
+        return named_after(exc, name)
+    return exc
 
 
 def named_after(exc, path):
@@ -5499,8 +5520,10 @@ class Checkpoints:
         if isinstance(exc, CheckpointError):
             raise CheckpointError("the %s failed and nothing was changed: %s" % (what, exc)) from None
         if isinstance(exc, OSError):
-            raise CheckpointError("the %s failed and nothing was changed: %s"
-                                  % (what, describe_os_error(exc))) from None
+            advice = OS_ERROR_ADVICE.get(exc.errno)
+            raise CheckpointError("the %s failed and nothing was changed: %s%s"
+                                  % (what, describe_os_error(exc),
+                                     ". " + advice if advice else "")) from None
         raise exc
 
     def _apply_plan(self, ws, journal, target, plan):
@@ -5538,9 +5561,12 @@ class Checkpoints:
             return payloads.write_over(sha, full, mode, within=guard, exists=st is not None)
         except PermissionError:  # read-only or hard-linked: replace the name instead
             tmp = journal.temp_name(full)
-            remove_within(tmp, guard)
-            payloads.copy_out(sha, tmp, mode, within=guard)
-            os.replace(tmp, full)
+            try:
+                remove_within(tmp, guard)
+                payloads.copy_out(sha, tmp, mode, within=guard)
+                os.replace(tmp, full)
+            except OSError as exc:
+                raise staged_error(exc, tmp, rel) from None
             return os.lstat(full)  # the rename moved the ctime
 
     @staticmethod
@@ -5943,9 +5969,12 @@ class Checkpoints:
                 st = None
             if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
                 tmp = journal.temp_name(full)
-                remove_within(tmp, ws.guard)
-                write(item, tmp)
-                os.replace(tmp, full)
+                try:
+                    remove_within(tmp, ws.guard)
+                    write(item, tmp)
+                    os.replace(tmp, full)
+                except OSError as exc:
+                    raise staged_error(exc, tmp, item["path"]) from None
                 st = os.lstat(full)  # a rename moves the ctime
             else:
                 st = write(item, full)

@@ -37,7 +37,6 @@ if __name__ == "__main__" and __spec__ is not None:
     _drop_working_directory()
 
 import collections  # noqa: E402
-import errno  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -809,18 +808,6 @@ class Cancels:
 
 
 
-# What a user can do about the errors the machine, not the code, causes (a
-# traceback would tell them nothing more, so the log gets the message only).
-OS_ERROR_ADVICE = {
-    errno.ENOSPC: "The disk is full: free space and retry.",
-    errno.EDQUOT: "The disk quota is used up: free space and retry.",
-    errno.EROFS: "That file system is read-only: make it writable, or use another "
-                 "directory, and retry.",
-    errno.EACCES: "Permission denied: fix the permissions and retry.",
-    errno.EPERM: "The operation is not permitted there (permissions, or an immutable "
-                 "file): fix that and retry.",
-}
-
 class Server:
     """Maps JSON-RPC messages to Checkpoints calls."""
 
@@ -888,7 +875,7 @@ class Server:
         except tc.CheckpointError as exc:
             return tool_result(one_line(str(exc)), is_error=True)
         except OSError as exc:
-            advice = OS_ERROR_ADVICE.get(exc.errno)
+            advice = tc.OS_ERROR_ADVICE.get(exc.errno)
             message = "%s could not finish: %s. %s" % (
                 name, tc.describe_os_error(exc),
                 advice or "Fix the cause (disk space, permissions, a damaged store) and retry.")
