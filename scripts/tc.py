@@ -261,18 +261,27 @@ OS_ERROR_ADVICE = {
 # 3. File-system basics
 # ---------------------------------------------------------------------------
 
-def fsync_path(path):
-    """fsync a file or (on POSIX) a directory by name; best effort."""
+def fsync_path(path, *, strict=False):
+    """fsync a file or (on POSIX) a directory by name; best effort, unless
+    strict: then a failed fsync raises (the bytes may never reach the disk,
+    and a kernel reports that only once), except where the file system
+    cannot fsync that kind of file at all. A path already gone is skipped."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if strict and exc.errno not in FSYNC_UNSUPPORTED:
+            raise named_after(exc, path) from None
     finally:
         os.close(fd)
+
+
+# fsync refused because the file system does not do it (for directories, say).
+FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EOPNOTSUPP,
+                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def fsync_dir(path):
@@ -389,9 +398,10 @@ def fsync_paths(paths):
     paths = list(dict.fromkeys(p for p in paths if os.name == "posix" or not os.path.isdir(p)))
     if len(paths) < 3:
         for path in paths:
-            fsync_path(path)
+            fsync_path(path, strict=True)
         return
-    for _ in _pool(_FLUSH_POOL, 8, "tc-fsync").map(fsync_path, paths):
+    strict = functools.partial(fsync_path, strict=True)
+    for _ in _pool(_FLUSH_POOL, 8, "tc-fsync").map(strict, paths):
         pass
 
 
@@ -738,6 +748,8 @@ class StoreLock:
                 pass
             try:
                 _unlock(self._fd)
+            except OSError:
+                pass  # the work is done; closing the descriptor releases the lock too
             finally:
                 os.close(self._fd)
                 self._fd = None
@@ -1051,8 +1063,9 @@ KIND_BIG = "b"         # over the content limit: streamed hash, no content
 # One scanned file: its stat fields (ints) and whether its name is sensitive.
 StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mode sensitive")
 
-# files: rel -> StatInfo; skipped: [{"path", "reason"}]; started_ns: when the walk began.
-ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns")
+# files: rel -> StatInfo; skipped: [{"path", "reason"}]; started_ns: when the walk began;
+# unreadable: paths the walk could not see into, folders with a trailing "/".
+ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable")
 
 
 def scan_tree(root, policy, dirs=None):
@@ -1064,7 +1077,7 @@ def scan_tree(root, policy, dirs=None):
     of every directory walked, rel relative to root ("" for root itself).
     """
     started = time.time_ns()
-    files, skipped = {}, []
+    files, skipped, unreadable = {}, [], []
     excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
@@ -1078,8 +1091,11 @@ def scan_tree(root, policy, dirs=None):
         try:
             it = os.scandir(os.path.join(root, prefix) if prefix else root)
         except OSError as exc:
-            skipped.append({"path": prefix.rstrip("/") or ".", "reason": "unreadable "
+            if not prefix:  # nothing at all can be known: no snapshot, no "all deleted"
+                raise
+            skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
                             "directory: %s" % (exc.strerror or exc.__class__.__name__)})
+            unreadable.append(prefix)
             continue
         if dirs is not None:
             if inode is None:
@@ -1108,6 +1124,7 @@ def scan_tree(root, policy, dirs=None):
                 except OSError as exc:
                     skipped.append({"path": rel, "reason": "unreadable: %s"
                                     % (exc.strerror or exc)})
+                    unreadable.append(rel)
                     continue
                 mode = st.st_mode
                 if not is_regular(mode):
@@ -1117,7 +1134,28 @@ def scan_tree(root, policy, dirs=None):
                 files[rel] = make_info(StatInfo, (
                     st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                     mode & 0o7777, in_sensitive or sensitive_file(name)))
-    return ScanResult(files, skipped, started)
+    return ScanResult(files, skipped, started, unreadable)
+
+
+def unseen_test(paths):
+    """A test of rel: True when it is one of paths, or inside one of the
+    folders among them (ending in "/") — what a scan could not read."""
+    files = {p for p in paths if not p.endswith("/")}
+    folders = tuple(p for p in paths if p.endswith("/"))
+    return lambda rel: rel in files or (bool(folders) and rel.startswith(folders))
+
+
+def carry_unknown(paths, old_rows, old_entries, rows, entries):
+    """Give the paths a scan could not read (files, and folders ending in
+    "/") their last known rows and entries: a file nobody could look at is
+    not a deletion, and a later restore of the record must not remove it."""
+    unseen = unseen_test(paths)
+    for rel, row in old_rows.items():
+        if rel not in rows and unseen(rel):
+            entry = old_entries.get(rel)
+            if entry is not None:
+                rows[rel] = row
+                entries[rel] = entry
 
 
 def utf8_name(name):
@@ -2596,7 +2634,7 @@ class Journal:
         self.data["payloads_new"] = sorted({os.path.basename(p) for p in payloads_new})
         self.store.payloads.flush()
         for name in set(self.data["store_backup"].values()) - {None}:
-            fsync_path(os.path.join(self.directory, name))
+            fsync_path(os.path.join(self.directory, name), strict=True)
         write_json(os.path.join(self.directory, "plan.json"), self.data)
         self.started = True
 
@@ -2753,10 +2791,14 @@ def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
     policy excludes. Preview and apply compute the same plan.
     """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
+    untouchable = {item["path"]: item["reason"] for item in skipped}
     for path, have in sorted(current.items()):
         if path in target:
             continue
-        if have[0] == KIND_SENSITIVE:
+        left = _left_in_place(path, untouchable)
+        if left:  # known only from an earlier record: never deleted unseen
+            plan["unrestorable"].append({"path": path, "reason": left})
+        elif have[0] == KIND_SENSITIVE:
             plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
         elif have[0] == KIND_BIG:
             plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
@@ -2764,7 +2806,6 @@ def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
         else:
             plan["to_delete"].append(path)
     deleted = set(plan["to_delete"])
-    untouchable = {item["path"]: item["reason"] for item in skipped}
     kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
     for path, want in sorted(target.items()):
         have = current.get(path)
@@ -2792,6 +2833,18 @@ def ancestors(paths):
 def _untouchable_reason(path, untouchable, kept_dirs, policy):
     if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
         return "excluded or sensitive in this workspace: never written"
+    left = _left_in_place(path, untouchable)
+    if left:
+        return left
+    if path in kept_dirs:
+        return "a directory with files that stay is in the way"
+    return None
+
+
+def _left_in_place(path, untouchable):
+    """Why a scan left path (or a folder above it) alone, or None."""
+    if not untouchable:
+        return None
     if path in untouchable:
         return "left in place: %s" % untouchable[path]
     parts = path.split("/")
@@ -2799,8 +2852,6 @@ def _untouchable_reason(path, untouchable, kept_dirs, policy):
         prefix = "/".join(parts[:depth])
         if prefix in untouchable:
             return "left in place: %r is %s" % (prefix, untouchable[prefix])
-    if path in kept_dirs:
-        return "a directory with files that stay is in the way"
     return None
 
 
@@ -4782,14 +4833,18 @@ class Checkpoints:
         except BaseException:  # a full store, a cancel: what was stored is nobody's yet
             ws.store.payloads.discard(created)
             raise
+        unreadable = list(scan.unreadable)
         for (rel, info), got in zip(to_read, got_all):
             if isinstance(got, OSError):
                 skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(got)})
+                unreadable.append(rel)
                 continue
             kind, sha, size, mode = got
             reads += 1
             rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
             entries[rel] = manifest_entry(kind, sha, size, mode)
+        if unreadable:
+            carry_unknown(unreadable, old_rows, old_entries, rows, entries)
         return Snapshot(entries, rows, reads, skipped, stamp_ns, created)
 
     def _secure_undo(self, ws, snap, rels):
@@ -5240,8 +5295,12 @@ class Checkpoints:
             last = self._read_step_checked(ws, state["head"], errors)
             index_doc = self._read_index_checked(ws, errors)
             errors.extend(self._health(ws, state))
-        scan = scan_tree(ws.root, self._policy(ws))
-        drift_paths = self._drift_paths(scan, index_doc)
+        try:
+            scan = scan_tree(ws.root, self._policy(ws))
+            drift_paths, skipped = self._drift_paths(scan, index_doc), scan.skipped
+        except OSError as exc:  # the progress is still worth giving
+            drift_paths, skipped = [], [{"path": ".", "reason": "unreadable directory: %s"
+                                         % (exc.strerror or exc.__class__.__name__)}]
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
                                                           "next")}
         next_step = last_view["next"]
@@ -5251,7 +5310,7 @@ class Checkpoints:
                   "open_questions": (last or {}).get("open_questions", []),
                   "drift_paths": drift_paths, "next": next_step,
                   "health": {"ok": not errors, "errors": errors},
-                  "store": ws.store.directory, "active_task": active, "skipped": scan.skipped}
+                  "store": ws.store.directory, "active_task": active, "skipped": skipped}
         result["handoff"] = handoff_text(state, last, drift_paths)
         return result
 
@@ -5290,7 +5349,8 @@ class Checkpoints:
         rows = index_doc["files"]
         paths = [rel for rel, info in scan.files.items()
                  if rel not in rows or rows[rel][0] != info.size or rows[rel][1] != info.mtime_ns]
-        paths.extend(rel for rel in rows if rel not in scan.files)
+        unseen = unseen_test(scan.unreadable)
+        paths.extend(rel for rel in rows if rel not in scan.files and not unseen(rel))
         return sorted(paths)
 
     def _health(self, ws, state):
@@ -5366,7 +5426,8 @@ class Checkpoints:
                    if (row := rows.get(rel)) is None or row[1] != info[1] or row[2] != info[2]
                    or row[0] != info[0] or row[3] != info[3] or row[4] != info[4]]
         if len(rows) + len(changed) > len(files):  # something recorded is gone
-            changed.extend((rel,) for rel in rows if rel not in files)
+            unseen = unseen_test(scan.unreadable)
+            changed.extend((rel,) for rel in rows if rel not in files and not unseen(rel))
         return tuple(sorted(changed))
 
     def capture(self, root, *, source="capture", partial=False):

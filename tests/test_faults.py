@@ -4,6 +4,7 @@ the workspace or the store that refuse writes.
 The mounts and immutable files need root; those tests are skipped otherwise.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import unittest
 
-from support import SCRIPTS, Server, WorkspaceTest, stored_shas, write
+from support import SCRIPTS, SERVER_COMMAND, Server, WorkspaceTest, stored_shas, write
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -231,6 +232,133 @@ class UnwritablePartsTest(WorkspaceTest):
                              ("open", "suspended"))
         finally:
             subprocess.run(["chattr", "-i", current])
+
+
+def traced(command, *strace_args):
+    """command run under strace with strace_args (fault injection), or None
+    where strace is missing or may not trace."""
+    if not shutil.which("strace"):
+        return None
+    probe = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "true"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if probe.returncode != 0:
+        return None
+    return ["strace", "-f", "-qq", "-o", os.devnull] + list(strace_args) + list(command)
+
+
+class UnreadableFolderTest(WorkspaceTest):
+    """A folder the scan cannot list (a permission, an I/O error) is unknown,
+    not deleted: its files keep their last recorded state, and no restore
+    removes or overwrites them unseen."""
+
+    @contextlib.contextmanager
+    def unlistable(self, path):
+        """A second server on the same store that cannot list path: strace
+        fails every open of it (root lists any folder), else permission bits."""
+        if os.geteuid() != 0:
+            mode = os.stat(path).st_mode
+            os.chmod(path, 0o300)
+            try:
+                yield self.server(env={"TC_WATCH": "off"})
+            finally:
+                os.chmod(path, mode)
+            return
+        command = traced(SERVER_COMMAND, "-P", path, "-P", path + "/", "-e", "trace=openat,open",
+                         "-e", "inject=openat,open:error=EACCES")
+        if command is None:
+            self.skipTest("needs strace (or a user that permission bits apply to)")
+        srv = self.server(env={"TC_WATCH": "off"}, command=command)
+        try:
+            yield srv
+        finally:
+            srv.close()
+
+    def setUp(self):
+        super().setUp()
+        self.write("docs/a.txt", "a one\n")
+        self.write("src/b.txt", "b one\n")
+        self.srv = self.server(env={"TC_WATCH": "off"})
+        self.srv.ok("tc_init", root=self.root, name="unreadable")
+        self.srv.ok("tc_save", root=self.root, title="one")
+
+    def test_save_and_capture_keep_what_they_cannot_see(self):
+        self.write("src/b.txt", "b two\n")
+        with self.unlistable(os.path.join(self.root, "docs")) as blind:
+            captured = blind.ok("tc_capture", root=self.root)
+            self.assertEqual((captured["modified"], captured["deleted"]), (["src/b.txt"], []))
+            saved = blind.ok("tc_save", root=self.root, title="two")
+            self.assertIn("docs", [item["path"] for item in saved["skipped_paths"]])
+        self.srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(self.read("src/b.txt"), b"b one\n")
+        self.srv.ok("tc_restore", root=self.root, index=saved["index"], apply=True)
+        self.assertEqual((self.read("docs/a.txt"), self.read("src/b.txt")),
+                         (b"a one\n", b"b two\n"))
+
+    def test_a_restore_leaves_an_unseen_folder_and_its_undo_keeps_it(self):
+        self.write("docs/a.txt", "unsaved a\n")
+        self.write("src/b.txt", "unsaved b\n")
+        with self.unlistable(os.path.join(self.root, "docs")) as blind:
+            res = blind.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(self.read("src/b.txt"), b"b one\n")
+        self.assertEqual(self.read("docs/a.txt"), b"unsaved a\n", "an unseen file was written")
+        preview = self.srv.ok("tc_restore", root=self.root, drift_id=res["recovered"])
+        self.assertNotIn("docs/a.txt", preview["plan"]["to_delete"])
+        self.srv.ok("tc_restore", root=self.root, drift_id=res["recovered"], apply=True)
+        self.assertEqual(self.read("src/b.txt"), b"unsaved b\n")
+        self.assertTrue(os.path.exists(os.path.join(self.root, "docs", "a.txt")))
+
+    def test_an_unlistable_workspace_is_an_error_not_an_empty_one(self):
+        self.write("src/b.txt", "unsaved b\n")
+        with self.unlistable(self.root) as blind:
+            for name, args in (("tc_restore", {"index": 1, "apply": True}),
+                               ("tc_save", {"title": "two"}), ("tc_capture", {})):
+                res = blind.call(name, root=self.root, **args)
+                self.assertTrue(res.is_error, "%s: %r" % (name, res))
+                self.assertNotIn("Traceback", res.text)
+            resumed = blind.ok("tc_resume", root=self.root)
+            self.assertEqual((resumed["head"], resumed["drift_paths"]), (1, []))
+        self.assertEqual(self.read("src/b.txt"), b"unsaved b\n")
+        shown = self.srv.ok("tc_show", root=self.root, include_drift=True)
+        self.assertEqual([step["index"] for step in shown["steps"]], [1])
+
+
+class InjectedFaultTest(WorkspaceTest):
+    """Errors only a failing disk gives, injected with strace."""
+
+    def faulty_server(self, *strace_args):
+        command = traced(SERVER_COMMAND, *strace_args)
+        if command is None:
+            self.skipTest("needs strace")
+        return self.server(env={"TC_WATCH": "off"}, command=command)
+
+    def test_a_failed_flush_fails_the_save_and_records_nothing(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        srv.ok("tc_init", root=self.root, name="fsync")
+        srv.ok("tc_save", root=self.root, title="one")
+        for n in range(40):
+            self.write("many/f%02d.txt" % n, "new content %d\n" % n)
+        faulty = self.faulty_server("-e", "trace=fsync,fdatasync,syncfs",
+                                    "-e", "inject=fsync,fdatasync,syncfs:error=EIO")
+        res = faulty.call("tc_save", root=self.root, title="two")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("Input/output error", res.text)
+        shown = srv.ok("tc_show", root=self.root)
+        self.assertEqual([step["index"] for step in shown["steps"]], [1])
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["index"], 2)
+
+    def test_a_lock_that_fails_to_unlock_does_not_fail_finished_work(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        srv.ok("tc_init", root=self.root, name="unlock")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "two\n")
+        faulty = self.faulty_server("-e", "trace=flock",
+                                    "-e", "inject=flock:error=EIO:when=2+")
+        res = faulty.call("tc_save", root=self.root, title="two")
+        self.assertFalse(res.is_error, res.text)
+        self.assertEqual(res.data["index"], 2)
 
 
 class RollbackLogTest(unittest.TestCase):
