@@ -261,6 +261,11 @@ OS_ERROR_ADVICE = {
 # 3. File-system basics
 # ---------------------------------------------------------------------------
 
+# fsync refused because the file system does not do it (for directories, say).
+FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EOPNOTSUPP,
+                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
 def fsync_path(path, *, strict=False):
     """fsync a file or (on POSIX) a directory by name; best effort, unless
     strict: then a failed fsync raises (the bytes may never reach the disk,
@@ -268,7 +273,11 @@ def fsync_path(path, *, strict=False):
     cannot fsync that kind of file at all. A path already gone is skipped."""
     try:
         fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
     except OSError:
+        if strict:
+            raise
         return
     try:
         os.fsync(fd)
@@ -277,11 +286,6 @@ def fsync_path(path, *, strict=False):
             raise named_after(exc, path) from None
     finally:
         os.close(fd)
-
-
-# fsync refused because the file system does not do it (for directories, say).
-FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EOPNOTSUPP,
-                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def fsync_dir(path):
@@ -534,12 +538,18 @@ def atomic_write(path, data, *, durable=True):
         fsync_dir(directory)
 
 
-def staged_error(exc, tmp, name):
-    """exc, about name when it was met on tmp (named by its path or, through
-    a folder descriptor, by its base name), the staging copy of name."""
-    if exc.filename is not None and exc.filename in (tmp, os.path.basename(tmp)):
-        return named_after(exc, name)
-    return exc
+def put_back_file(path, before, log):
+    """Best effort: path back to the bytes before (None: no file), when it
+    changed; what could not be done goes to log."""
+    if read_file_or_none(path) == before:
+        return
+    try:
+        if before is None:
+            remove_file(path)
+        else:
+            atomic_write(path, before)
+    except OSError as exc:
+        log("could not put %r back as it was: %s" % (path, describe_os_error(exc)))
 
 
 def named_after(exc, path):
@@ -638,10 +648,25 @@ def remove_file(path):
         return True
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        try:
+            os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:
+            pass
+        raise exc from None
+
+
+def read_file_or_none(path):
+    """The bytes of a regular file (symlinks followed, as git does); None when
+    it is missing, cannot be read, or is not a regular file."""
+    try:
+        fh, st = open_regular(path, follow=True)
+        with fh:
+            return fh.read_all(st.st_size)
     except OSError:
-        if os.path.lexists(path):
-            raise
-        return False
+        return None
 
 
 if os.name == "nt":  # pragma: no cover - exercised on Windows only
@@ -1067,6 +1092,11 @@ StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mo
 # unreadable: paths the walk could not see into, folders with a trailing "/".
 ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable")
 
+# A read that failed because the path no longer holds the regular file the
+# scan saw (deleted, or replaced by a link or a special file): the file is
+# gone, not unknown.
+VANISHED_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
+
 
 def scan_tree(root, policy, dirs=None):
     """Walk root without following symlinks; stat only, never read content.
@@ -1093,6 +1123,8 @@ def scan_tree(root, policy, dirs=None):
         except OSError as exc:
             if not prefix:  # nothing at all can be known: no snapshot, no "all deleted"
                 raise
+            if exc.errno in VANISHED_ERRNOS:
+                continue  # removed since its parent was listed
             skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
                             "directory: %s" % (exc.strerror or exc.__class__.__name__)})
             unreadable.append(prefix)
@@ -1122,6 +1154,8 @@ def scan_tree(root, policy, dirs=None):
                         continue
                     st = entry.stat(follow_symlinks=False)
                 except OSError as exc:
+                    if exc.errno in VANISHED_ERRNOS:
+                        continue  # removed since the folder was listed
                     skipped.append({"path": rel, "reason": "unreadable: %s"
                                     % (exc.strerror or exc)})
                     unreadable.append(rel)
@@ -1147,14 +1181,16 @@ def unseen_test(paths):
 
 def carry_unknown(paths, old_rows, old_entries, rows, entries):
     """Give the paths a scan could not read (files, and folders ending in
-    "/") their last known rows and entries: a file nobody could look at is
-    not a deletion, and a later restore of the record must not remove it."""
+    "/") their last known entries: a file nobody could look at is not a
+    deletion, and a later restore of the record must not remove it. Their
+    rows get a ctime no file has, so the stat cache never vouches for them:
+    the first scan that can read them does."""
     unseen = unseen_test(paths)
     for rel, row in old_rows.items():
         if rel not in rows and unseen(rel):
             entry = old_entries.get(rel)
             if entry is not None:
-                rows[rel] = row
+                rows[rel] = list(row[:2]) + [-1] + list(row[3:])
                 entries[rel] = entry
 
 
@@ -1268,6 +1304,22 @@ def remove_within(path, guard):
             return False
     finally:
         os.close(dfd)
+
+
+def replace_through(tmp, full, name, guard, fill):
+    """Put a new file at full by filling the staging name tmp (fill(tmp)) and
+    renaming it over full; full's stat after (the rename moves the ctime).
+    For a file that cannot be written in place (read-only, hard-linked). An
+    error met on tmp names the workspace file, name, instead."""
+    try:
+        remove_within(tmp, guard)
+        fill(tmp)
+        os.replace(tmp, full)
+    except OSError as exc:
+        if exc.filename is not None and exc.filename in (tmp, os.path.basename(tmp)):
+            raise named_after(exc, name) from None
+        raise
+    return os.lstat(full)
 
 
 def opened_within(fd, st, seen, guard, path):
@@ -1642,7 +1694,6 @@ SYNCFS_OTHER_DIRTY_LIMIT = 4 * 1024 * 1024
 
 # The state's counters of numbered records (steps, drifts, manifests).
 RECORD_COUNTERS = ("last_step", "last_drift", "last_manifest")
-STORE_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
@@ -1744,13 +1795,8 @@ class PayloadStore:
                 except OSError as exc:
                     raise self.unwritable(exc) from None
                 return sha, len(data), mode, written
-            try:
-                sha, size, written = self._stream_in(fh)
-                return sha, size, mode, written
-            except OSError as exc:
-                if exc.errno in STORE_FULL_ERRNOS:
-                    raise self.unwritable(exc) from None
-                raise
+            sha, size, written = self._stream_in(fh)
+            return sha, size, mode, written
 
     def unwritable(self, exc):
         """A store write failure: the tool fails, rather than the file being
@@ -1827,14 +1873,24 @@ class PayloadStore:
         return removed
 
     def _stream_in(self, fh):
-        os.makedirs(self.directory, exist_ok=True)
-        fd, tmp = new_temp(self.directory, ".tmp-")
+        """Copy fh into the store while hashing it: (sha, size, path written
+        or None). An error reading fh goes up as it is; one of the store's
+        own writes becomes StoreUnwritable, so a failing store is never taken
+        for an unreadable workspace file."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd, tmp = new_temp(self.directory, ".tmp-")
+        except OSError as exc:
+            raise self.unwritable(exc) from None
         digest = hashlib.sha256()
         total = 0
+        reading = False
         try:
             with os.fdopen(fd, "wb") as out:
                 while True:
+                    reading = True
                     block = fh.read(CHUNK)
+                    reading = False
                     if not block:
                         break
                     digest.update(block)
@@ -1851,8 +1907,10 @@ class PayloadStore:
                 os.replace(tmp, written)
                 self.pending.append(written)
                 self._count(total)
-        except BaseException:
+        except BaseException as exc:
             remove_file(tmp)
+            if isinstance(exc, OSError) and not reading:
+                raise self.unwritable(exc) from None
             raise
         return sha, total, written
 
@@ -3734,17 +3792,6 @@ def _step_key(ref):
 _OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
-def read_file_or_none(path):
-    """The bytes of a regular file (symlinks followed, as git does); None when
-    it is missing, cannot be read, or is not a regular file."""
-    try:
-        fh, st = open_regular(path, follow=True)
-        with fh:
-            return fh.read_all(st.st_size)
-    except OSError:
-        return None
-
-
 def file_digest(path):
     """sha256 hex of a regular file's bytes; None when it is missing, cannot
     be read, or is not a regular file."""
@@ -4448,7 +4495,10 @@ class Store:
 
     def recover(self):
         """Clean up after a writer that died (called with the lock newly held)."""
-        for directory in self.journal_dirs():
+        journals = self.journal_dirs()
+        for gone in set(self._rollback_failures) - set(journals):
+            del self._rollback_failures[gone]  # rolled back by another process
+        for directory in journals:
             # Every lock retries a rollback that failed; the log says so once
             # per journal and error, not at every watcher tick.
             failed_before = self._rollback_failures.get(directory)
@@ -4837,7 +4887,8 @@ class Checkpoints:
         for (rel, info), got in zip(to_read, got_all):
             if isinstance(got, OSError):
                 skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(got)})
-                unreadable.append(rel)
+                if got.errno not in VANISHED_ERRNOS:
+                    unreadable.append(rel)
                 continue
             kind, sha, size, mode = got
             reads += 1
@@ -4891,12 +4942,26 @@ class Checkpoints:
         return KIND_FILE, sha, size, mode
 
     def _write_index(self, ws, snap, old_index):
-        """Rewrite the index when a row changed or a racy row can now be trusted."""
+        """Rewrite the index when a row changed or a racy row can now be trusted.
+
+        Called once the state has moved, so the save or capture is recorded
+        whatever happens here; the index is a cache, and a failed write of it
+        (a disk filling up just now) leaves the old one, which the next scan
+        corrects by reading what it cannot vouch for."""
         old_stamp = old_index.get("stamp_ns", 0)
         if snap.rows != old_index["files"] or any(
                 row[1] >= old_stamp or row[2] >= old_stamp for row in snap.rows.values()):
-            ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
-                                   entries=snap.entries)
+            self._keep_index(ws, {"stamp_ns": snap.stamp_ns, "files": snap.rows},
+                             entries=snap.entries)
+
+    @staticmethod
+    def _keep_index(ws, index_doc, *, entries=None, whole=False):
+        """write_index, as a cache: a failure is logged, never the operation's."""
+        try:
+            ws.records.write_index(index_doc, entries, whole=whole)
+        except OSError as exc:
+            ws.store.log("the index of task %s was not rewritten (%s); the next scan reads "
+                         "what it cannot vouch for" % (ws.task_id, describe_os_error(exc)))
 
     def _record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
                       head_before=None, reason=None, lists=None, later=None):
@@ -4951,10 +5016,13 @@ class Checkpoints:
             # A failure from here on (a read-only workspace refusing the
             # pointer, an unwritable current.json) undoes all of it.
             previous = st.read_current().get(root)
+            pointer = os.path.join(root, POINTER_NAME)
+            pointer_before = read_file_or_none(pointer)
             try:
                 self._point_at_store(root, st, external)
                 prev_suspended = self._make_active(st, root, task_id, previous)
             except BaseException:
+                put_back_file(pointer, pointer_before, st.log)
                 remove_tree(ws.records.directory)
                 raise
         self._watch(root, st)
@@ -5563,7 +5631,7 @@ class Checkpoints:
             entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state(state)
-            ws.records.write_index(self._index_after_writes(
+            self._keep_index(ws, self._index_after_writes(
                 ws, rows, set(plan["to_write"]) | set(plan["to_replace"]), snap.stamp_ns))
         except BaseException as exc:
             self._undo(journal, "restore", exc)
@@ -5621,14 +5689,8 @@ class Checkpoints:
                 raise PermissionError("hard-linked")  # writing through would change the other names
             return payloads.write_over(sha, full, mode, within=guard, exists=st is not None)
         except PermissionError:  # read-only or hard-linked: replace the name instead
-            tmp = journal.temp_name(full)
-            try:
-                remove_within(tmp, guard)
-                payloads.copy_out(sha, tmp, mode, within=guard)
-                os.replace(tmp, full)
-            except OSError as exc:
-                raise staged_error(exc, tmp, rel) from None
-            return os.lstat(full)  # the rename moved the ctime
+            return replace_through(journal.temp_name(full), full, rel, guard,
+                                   lambda tmp: payloads.copy_out(sha, tmp, mode, within=guard))
 
     @staticmethod
     def _index_after_writes(ws, rows, written, scanned_ns):
@@ -6029,14 +6091,8 @@ class Checkpoints:
                 os.rmdir(full)  # only an empty directory may give way to a file
                 st = None
             if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
-                tmp = journal.temp_name(full)
-                try:
-                    remove_within(tmp, ws.guard)
-                    write(item, tmp)
-                    os.replace(tmp, full)
-                except OSError as exc:
-                    raise staged_error(exc, tmp, item["path"]) from None
-                st = os.lstat(full)  # a rename moves the ctime
+                st = replace_through(journal.temp_name(full), full, item["path"], ws.guard,
+                                     lambda tmp: write(item, tmp))
             else:
                 st = write(item, full)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
@@ -6053,7 +6109,7 @@ class Checkpoints:
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import")["id"]
-        ws.records.write_index(self._index_after_writes(
+        self._keep_index(ws, self._index_after_writes(
             ws, rows, {item["path"] for item in desc["files"]}, pre.stamp_ns), whole=True)
         ws.records.write_state(state)
         self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))

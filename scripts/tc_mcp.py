@@ -807,7 +807,6 @@ class Cancels:
             self._running = None
 
 
-
 class Server:
     """Maps JSON-RPC messages to Checkpoints calls."""
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 from support import SCRIPTS, SERVER_COMMAND, Server, WorkspaceTest, stored_shas, write
@@ -174,6 +175,47 @@ class UnwritablePartsTest(WorkspaceTest):
         resumed = srv.ok("tc_resume", root=self.root)
         self.assertEqual((resumed["active_task"], resumed["status"]), (first, "open"))
 
+    def test_an_init_that_fails_puts_the_store_pointer_back(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        first_store = os.path.join(self.tmp, "first-store")
+        first = srv.ok("tc_init", root=self.root, name="first", store=first_store)["task_id"]
+        pointer = os.path.join(self.root, ".task-checkpoint-store.json")
+        with open(pointer, "rb") as fh:
+            before = fh.read()
+        # Another store whose active-task file cannot be replaced.
+        other = os.path.join(self.tmp, "other")
+        write(other, "x.txt", "x\n")
+        second_store = os.path.join(self.tmp, "second-store")
+        srv.ok("tc_init", root=other, name="elsewhere", store=second_store)
+        if not make_immutable(os.path.join(second_store, "current.json")):
+            self.skipTest("needs root and a file system with immutable files")
+        self.addCleanup(subprocess.run, ["chattr", "-i", os.path.join(second_store,
+                                                                      "current.json")])
+        res = srv.call("tc_init", root=self.root, name="second", store=second_store)
+        self.assert_clean_error(res, "tc_init")
+        with open(pointer, "rb") as fh:
+            self.assertEqual(fh.read(), before, "the failed init left the pointer moved")
+        resumed = srv.ok("tc_resume", root=self.root)
+        self.assertEqual((resumed["active_task"], resumed["status"]), (first, "open"))
+
+    def test_a_save_whose_index_cannot_be_written_is_still_a_save(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        task_id = srv.ok("tc_init", root=self.root, name="index")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        task_dir = os.path.join(self.store, "tasks", task_id)
+        for name in os.listdir(task_dir):
+            if name.startswith("index"):
+                os.remove(os.path.join(task_dir, name))
+        os.mkdir(os.path.join(task_dir, "index.json"))  # the cache cannot be written
+        self.write("a.txt", "two\n")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["index"], 2)
+        self.write("a.txt", "three\n")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="three")["index"], 3)
+        srv.ok("tc_restore", root=self.root, index=2, apply=True)
+        self.assertEqual(self.read("a.txt"), b"two\n")
+
     def test_init_and_save_on_a_read_only_workspace_with_tc_store(self):
         self.write("a.txt", "one\n")
         store = os.path.join(self.tmp, "store")
@@ -273,6 +315,12 @@ class UnreadableFolderTest(WorkspaceTest):
         finally:
             srv.close()
 
+    def traced_server(self, *strace_args):
+        command = traced(SERVER_COMMAND, *strace_args)
+        if command is None:
+            self.skipTest("needs strace")
+        return self.server(env={"TC_WATCH": "off"}, command=command)
+
     def setUp(self):
         super().setUp()
         self.write("docs/a.txt", "a one\n")
@@ -306,6 +354,41 @@ class UnreadableFolderTest(WorkspaceTest):
         self.srv.ok("tc_restore", root=self.root, drift_id=res["recovered"], apply=True)
         self.assertEqual(self.read("src/b.txt"), b"unsaved b\n")
         self.assertTrue(os.path.exists(os.path.join(self.root, "docs", "a.txt")))
+
+    def test_a_row_kept_unseen_is_read_again_once_it_can_be(self):
+        task_id = self.srv.ok("tc_show", root=self.root)["task_id"]
+        # The racy case: docs/a.txt changed within the clock tick its index
+        # row was written in (same size), so the index cannot vouch for it.
+        self.write("docs/a.txt", "a two\n")
+        st = os.lstat(os.path.join(self.root, "docs", "a.txt"))
+        records = tc.TaskRecords(self.store, task_id)
+        doc = records.read_index()
+        row = doc["files"]["docs/a.txt"]
+        row[:5] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        for name in os.listdir(records.directory):
+            if name.startswith("index"):
+                os.remove(os.path.join(records.directory, name))
+        with open(records.index_path, "w") as fh:
+            json.dump({"stamp_ns": st.st_mtime_ns, "files": doc["files"]}, fh)
+        time.sleep(1.1)  # the next index is stamped clear of the file's times
+        with self.unlistable(os.path.join(self.root, "docs")) as blind:
+            blind.ok("tc_capture", root=self.root)
+        saved = self.srv.ok("tc_save", root=self.root, title="two")
+        self.write("docs/a.txt", "a three, another size\n")
+        self.srv.ok("tc_restore", root=self.root, index=saved["index"], apply=True)
+        self.assertEqual(self.read("docs/a.txt"), b"a two\n",
+                         "the step kept the old content of a file it could read")
+
+    def test_a_file_gone_before_it_was_read_is_deleted_not_kept(self):
+        path = os.path.join(self.root, "src", "b.txt")
+        # The scan sees src/b.txt; opening it finds nothing (removed meanwhile).
+        blind = self.traced_server("-P", path, "-e", "trace=openat,open",
+                                   "-e", "inject=openat,open:error=ENOENT")
+        captured = blind.ok("tc_capture", root=self.root)
+        self.assertEqual(captured["deleted"], [], "nothing changed yet")
+        self.write("src/b.txt", "b two, a new size\n")
+        captured = blind.ok("tc_capture", root=self.root)
+        self.assertEqual(captured["deleted"], ["src/b.txt"])
 
     def test_an_unlistable_workspace_is_an_error_not_an_empty_one(self):
         self.write("src/b.txt", "unsaved b\n")
@@ -359,6 +442,25 @@ class InjectedFaultTest(WorkspaceTest):
         res = faulty.call("tc_save", root=self.root, title="two")
         self.assertFalse(res.is_error, res.text)
         self.assertEqual(res.data["index"], 2)
+
+
+class RemoveFileTest(unittest.TestCase):
+
+    @unittest.skipIf(os.name != "posix" or os.geteuid() == 0,
+                     "needs permission bits that apply to the user")
+    def test_a_file_that_could_not_be_removed_is_reported(self):
+        folder = tempfile.mkdtemp(prefix="tc-remove-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "kept.txt")
+        write(folder, "kept.txt", "still here\n")
+        os.chmod(folder, 0o600)  # no search permission: neither unlink nor lstat
+        self.addCleanup(os.chmod, folder, 0o700)
+        with self.assertRaises(PermissionError):
+            tc.remove_file(path)
+        os.chmod(folder, 0o700)
+        self.assertTrue(os.path.exists(path))
+        self.assertFalse(tc.remove_file(os.path.join(folder, "never-there")))
+        self.assertTrue(tc.remove_file(path))
 
 
 class RollbackLogTest(unittest.TestCase):

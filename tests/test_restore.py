@@ -1,9 +1,11 @@
 """tc_restore through a real server: previews, byte-exact round trips, undo,
-refusals, sensitive files, permissions, symlinks and a failed apply.
+refusals, sensitive files, permissions, symlinks, a failed apply, and folders
+nested deeper than Python's recursion limit.
 
-Every test drives `scripts/tc_mcp.py` as a subprocess and checks real bytes on
-disk: the workspace after a restore must equal, file by file and mode by mode,
-the snapshot taken when the step was saved.
+The tests drive `scripts/tc_mcp.py` as a subprocess (one calls the core's
+tree removal directly) and check real bytes on disk: the workspace after a
+restore must equal, file by file and mode by mode, the snapshot taken when
+the step was saved.
 """
 
 import hashlib
@@ -11,10 +13,15 @@ import os
 import re
 import secrets
 import stat
+import subprocess
+import sys
 import time
 import unittest
 
-from support import WorkspaceTest, snapshot, write
+from support import SCRIPTS, WorkspaceTest, snapshot, write
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 DRIFT_ID = re.compile(r"^d\d{4,}$")
 
@@ -864,6 +871,75 @@ class Symlinks(RestoreTest):
         else:
             self.assertEqual(self.read("plain.txt"), b"plain v2\n")
         self.assert_health_ok(srv)
+
+
+class DeepFolderTests(WorkspaceTest):
+    """Folders nested deeper than Python's recursion limit (about 1,000)."""
+
+    DEPTH = 1100
+
+    def tearDown(self):
+        for srv in self._servers:
+            srv.close()
+        # os.walk and shutil.rmtree recurse once per level before Python 3.12.
+        for name in ("ws", "fresh", "out"):
+            subprocess.run(["rm", "-rf", os.path.join(self.tmp, name)], check=True)
+        super().tearDown()
+
+    def make_deep(self, base):
+        """base/a/a/.../a/f.txt, DEPTH folders down; the relative path."""
+        fd = os.open(base, os.O_RDONLY)
+        try:
+            for _ in range(self.DEPTH):
+                os.mkdir("a", dir_fd=fd)
+                inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            out = os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+            os.write(out, b"deep\n")
+            os.close(out)
+        finally:
+            os.close(fd)
+        return "/".join(["a"] * self.DEPTH + ["f.txt"])
+
+    def test_restore_export_and_import_recreate_deep_folders(self):
+        rel = self.make_deep(self.root)
+        self.write("top.txt", "top\n")
+        srv = self.server(env={"TC_WATCH": "off"})
+        srv.ok("tc_init", root=self.root, name="deep")
+        srv.ok("tc_save", root=self.root, title="deep tree")
+        subprocess.run(["rm", "-rf", os.path.join(self.root, "a")], check=True)
+        srv.ok("tc_save", root=self.root, title="tree removed")
+        res = srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.assertEqual(res["plan"]["to_write"], [rel])
+        self.assertEqual(self.read(rel), b"deep\n")
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        package = srv.ok("tc_export", root=self.root, to=out)["path"]
+        fresh = os.path.join(self.tmp, "fresh")
+        os.mkdir(fresh)
+        srv.ok("tc_import", root=fresh, package=package)
+        with open(os.path.join(fresh, *rel.split("/"))) as fh:
+            self.assertEqual(fh.read(), "deep\n")
+        undo = srv.ok("tc_restore", root=self.root, index=2, apply=True)
+        self.assertEqual(undo["plan"]["to_delete"], [rel])
+        self.assertEqual(sorted(os.listdir(self.root)), [".checkpoints", "top.txt"])
+
+    def test_removing_a_deep_tree_never_follows_a_link(self):
+        outside = os.path.join(self.tmp, "outside")
+        os.mkdir(outside)
+        with open(os.path.join(outside, "keep.txt"), "w") as fh:
+            fh.write("not to be removed\n")
+        doomed = os.path.join(self.tmp, "out")
+        os.mkdir(doomed)
+        rel = self.make_deep(doomed)
+        middle = os.path.join(doomed, *["a"] * 500)
+        os.symlink(outside, os.path.join(middle, "link"))
+        os.symlink(os.path.join(outside, "keep.txt"), os.path.join(middle, "file-link"))
+        tc.remove_tree(doomed)
+        self.assertFalse(os.path.lexists(doomed))
+        self.assertEqual(os.listdir(outside), ["keep.txt"])
+        self.assertFalse(os.path.lexists(os.path.join(self.tmp, *rel.split("/"))))
 
 
 if __name__ == "__main__":
