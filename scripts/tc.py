@@ -2239,12 +2239,14 @@ STATE_SHAPE = ({"task_id": _text, "name": _text, "goal": _text, "constraints": _
 STEP_SHAPE = ({"index": lambda v: _whole(v) and v >= 1, "title": _text, "manifest": _whole},
               {"description": _text, "conclusion": _text, "next": _text, "verified": _texts,
                "open_questions": _texts, "drift_id": lambda v: v is None or _text(v),
-               "groups": lambda v: type(v) is list, "created": _text, "created_ns": _whole})
+               "groups": lambda v: type(v) is list, "created": _text, "created_ns": _whole,
+               "unseen": _texts})
 DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                 "modified": _texts, "deleted": _texts, "created_ns": _whole},
                {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
                 "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
-                "reason": lambda v: v is None or _text(v), "created": _text})
+                "reason": lambda v: v is None or _text(v), "created": _text,
+                "unseen": _texts})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
                    "files": lambda v: (type(v) is dict and rel_paths_ok(v)
@@ -2370,25 +2372,40 @@ def make_state(*, task_id, name, goal, constraints, root, exclude):
 
 
 def make_step(*, index, title, description, conclusion, next_step, verified,
-              open_questions, manifest, drift_id, groups):
-    return {
+              open_questions, manifest, drift_id, groups, unseen=()):
+    return with_unseen({
         "index": index, "title": title, "description": description,
         "conclusion": conclusion, "next": next_step, "verified": list(verified),
         "open_questions": list(open_questions), "manifest": manifest,
         "drift_id": drift_id, "groups": groups,
         "created": now_iso(), "created_ns": time.time_ns(),
-    }
+    }, unseen)
 
 
 def make_drift(*, number, kind, manifest, added, modified, deleted, partial=False,
-               head_before=None, reason=None):
-    return {
+               head_before=None, reason=None, unseen=()):
+    return with_unseen({
         "id": "d%04d" % number, "kind": kind, "manifest": manifest,
         "added": added, "modified": modified, "deleted": deleted,
         "partial": partial, "compressed": False, "unrestorable": [],
         "head_before": head_before, "reason": reason,
         "created": now_iso(), "created_ns": time.time_ns(),
-    }
+    }, unseen)
+
+
+def with_unseen(record, unseen):
+    """record, listing under "unseen" the paths its snapshot could not read
+    (folders end in "/"): their entries are only the last known ones, so a
+    restore to the record leaves them alone."""
+    if unseen:
+        record["unseen"] = sorted(unseen)
+    return record
+
+
+def unseen_skips(record):
+    """The record's unseen paths as the skipped items plan_restore leaves alone."""
+    return [{"path": path.rstrip("/"), "reason": "not read when this record was made"}
+            for path in record.get("unseen") or ()]
 
 
 class TaskRecords:
@@ -4589,7 +4606,9 @@ def sweep_temp_files(directory):
 # entries: rel -> manifest entry; rows: rel -> index row; reads: files read;
 # skipped: [{"path", "reason"}]; stamp_ns: the index's clock stamp;
 # created: payload paths written for this snapshot.
-Snapshot = collections.namedtuple("Snapshot", "entries rows reads skipped stamp_ns created")
+# unseen: paths it could not read, folders ending in "/" (see carry_unknown).
+Snapshot = collections.namedtuple("Snapshot",
+                                  "entries rows reads skipped stamp_ns created unseen")
 
 
 class Workspace:
@@ -4896,7 +4915,7 @@ class Checkpoints:
             entries[rel] = manifest_entry(kind, sha, size, mode)
         if unreadable:
             carry_unknown(unreadable, old_rows, old_entries, rows, entries)
-        return Snapshot(entries, rows, reads, skipped, stamp_ns, created)
+        return Snapshot(entries, rows, reads, skipped, stamp_ns, created, unreadable)
 
     def _secure_undo(self, ws, snap, rels):
         """Make sure the content the snapshot names for rels (files about to be
@@ -4964,7 +4983,7 @@ class Checkpoints:
                          "what it cannot vouch for" % (ws.task_id, describe_os_error(exc)))
 
     def _record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
-                      head_before=None, reason=None, lists=None, later=None):
+                      head_before=None, reason=None, lists=None, later=None, unseen=()):
         """Write a manifest and a drift record for entries; returns the record.
 
         lists (added, modified, deleted) overrides the diff against old_entries.
@@ -4975,7 +4994,7 @@ class Checkpoints:
         drift_no = state["last_drift"] + 1
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
-                           head_before=head_before, reason=reason)
+                           head_before=head_before, reason=reason, unseen=unseen)
         write_record(ws.records.drift_path(drift_no), drift, later)
         state["last_drift"] = drift_no
         return drift
@@ -5104,7 +5123,8 @@ class Checkpoints:
     def _baseline(self, ws):
         """Record the workspace as the task finds it, as drift d0001."""
         snap = self._snapshot(ws, store_content=True)
-        drift = self._record_drift(ws, ws.state, snap.entries, {}, kind="baseline")
+        drift = self._record_drift(ws, ws.state, snap.entries, {}, kind="baseline",
+                                   unseen=snap.unseen)
         ws.state["index_manifest"] = drift["manifest"]
         ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
                                entries=snap.entries)
@@ -5230,7 +5250,8 @@ class Checkpoints:
         if snap.entries != old_entries or not state.get("index_manifest"):
             if state.get("index_manifest"):
                 drift_id = self._record_drift(ws, state, snap.entries, old_entries,
-                                              kind="save", later=later)["id"]
+                                              kind="save", later=later,
+                                              unseen=snap.unseen)["id"]
             else:
                 self._record_manifest(ws, state, snap.entries, later)
             state["index_manifest"] = state["last_manifest"]
@@ -5246,7 +5267,8 @@ class Checkpoints:
             new_step = make_step(index=index, title=title, description=description,
                                  conclusion=conclusion, next_step=next_step, verified=verified,
                                  open_questions=open_questions, manifest=manifest_no,
-                                 drift_id=drift_id, groups=result["groups"])
+                                 drift_id=drift_id, groups=result["groups"],
+                                 unseen=snap.unseen)
             write_record(ws.records.step_path(index), new_step, later)
             state["last_step"] = state["head"] = index
             state["head_manifest"] = manifest_no
@@ -5518,7 +5540,7 @@ class Checkpoints:
                 try:
                     drift = self._record_drift(ws, state, snap.entries, old_entries,
                                                kind=source, partial=partial or waiting,
-                                               later=later)
+                                               later=later, unseen=snap.unseen)
                     state["index_manifest"] = drift["manifest"]
                     ws.records.write_state_with(
                         state, lambda staged: ws.store.payloads.flush_with(later + staged))
@@ -5553,11 +5575,11 @@ class Checkpoints:
                 if state["status"] == "closed":
                     raise TaskClosed("task %r is closed: a restore can be previewed "
                                      "(apply: false) but not applied" % ws.task_id)
-            target_no, head_after = self._restore_target(ws, state, index, drift_id)
+            target_no, head_after, unseen = self._restore_target(ws, state, index, drift_id)
             target = ws.records.manifests.load(target_no)
             snap = self._snapshot(ws, store_content=apply, strict=apply)
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                skipped=snap.skipped, policy=self._policy(ws))
+                                skipped=snap.skipped + unseen, policy=self._policy(ws))
             if apply:
                 created = snap.created
                 try:
@@ -5568,7 +5590,7 @@ class Checkpoints:
                     raise
                 if changed:
                     plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                        skipped=snap.skipped, policy=self._policy(ws))
+                                        skipped=snap.skipped + unseen, policy=self._policy(ws))
             recovered = None
             if apply:
                 recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
@@ -5587,7 +5609,7 @@ class Checkpoints:
                 raise NotFound("task %r has no step %d (steps are 1..%d)"
                                % (ws.task_id, index, state["last_step"]))
             step = ws.records.read_step(index)
-            return step["manifest"], index
+            return step["manifest"], index, unseen_skips(step)
         drift = ws.records.read_drift(drift_id)
         if drift.get("compressed"):
             raise InvalidArgument("drift %r was reclaimed by tc_compress and can no longer be "
@@ -5595,7 +5617,7 @@ class Checkpoints:
         head_after = state["head"]
         if drift.get("kind") == "recovered" and drift.get("head_before") is not None:
             head_after = drift["head_before"]
-        return drift["manifest"], head_after
+        return drift["manifest"], head_after, unseen_skips(drift)
 
     def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after):
         journal = Journal(ws.store, "restore", ws.root)
@@ -5624,7 +5646,8 @@ class Checkpoints:
             # The recovered record lists what undoing the restore brings back.
             drift = self._record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
-                lists=(plan["to_delete"], plan["to_replace"], plan["to_write"]))
+                lists=(plan["to_delete"], plan["to_replace"], plan["to_write"]),
+                unseen=snap.unseen)
             state["head"] = head_after
             if head_after:
                 state["head_manifest"] = ws.records.read_step(head_after)["manifest"]
@@ -6108,7 +6131,8 @@ class Checkpoints:
             new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries))
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
-                                           reason="workspace before the import")["id"]
+                                           reason="workspace before the import",
+                                           unseen=pre.unseen)["id"]
         self._keep_index(ws, self._index_after_writes(
             ws, rows, {item["path"] for item in desc["files"]}, pre.stamp_ns), whole=True)
         ws.records.write_state(state)

@@ -344,16 +344,20 @@ class UnreadableFolderTest(WorkspaceTest):
 
     def test_a_restore_leaves_an_unseen_folder_and_its_undo_keeps_it(self):
         self.write("docs/a.txt", "unsaved a\n")
+        self.write("docs/new.txt", "never recorded\n")
         self.write("src/b.txt", "unsaved b\n")
         with self.unlistable(os.path.join(self.root, "docs")) as blind:
             res = blind.ok("tc_restore", root=self.root, index=1, apply=True)
         self.assertEqual(self.read("src/b.txt"), b"b one\n")
         self.assertEqual(self.read("docs/a.txt"), b"unsaved a\n", "an unseen file was written")
+        # The undo record did not see docs/: restoring it leaves docs/ alone.
         preview = self.srv.ok("tc_restore", root=self.root, drift_id=res["recovered"])
-        self.assertNotIn("docs/a.txt", preview["plan"]["to_delete"])
+        self.assertEqual(preview["plan"]["to_delete"], [])
+        self.assertIn("docs/new.txt", [item["path"] for item in preview["plan"]["unrestorable"]])
         self.srv.ok("tc_restore", root=self.root, drift_id=res["recovered"], apply=True)
-        self.assertEqual(self.read("src/b.txt"), b"unsaved b\n")
-        self.assertTrue(os.path.exists(os.path.join(self.root, "docs", "a.txt")))
+        self.assertEqual((self.read("src/b.txt"), self.read("docs/a.txt"),
+                          self.read("docs/new.txt")),
+                         (b"unsaved b\n", b"unsaved a\n", b"never recorded\n"))
 
     def test_a_row_kept_unseen_is_read_again_once_it_can_be(self):
         task_id = self.srv.ok("tc_show", root=self.root)["task_id"]
