@@ -1137,37 +1137,44 @@ def scan_tree(root, policy, dirs=None):
                     inode = 0
             dirs.append((prefix[:-1], inode))
         with it:
-            for entry in it:
-                name = entry.name
-                if excluded(name):
-                    continue
-                rel = prefix + name
-                if not name.isascii() and not utf8_name(name):
-                    skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
-                                    "reason": "name is not valid UTF-8"})
-                    continue
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        if rel != store_rel:
-                            stack.append((rel + "/", in_sensitive or sensitive_dir(name),
-                                          entry.inode()))
+            try:
+                for entry in it:
+                    name = entry.name
+                    if excluded(name):
                         continue
-                    st = entry.stat(follow_symlinks=False)
-                except OSError as exc:
-                    if exc.errno in VANISHED_ERRNOS:
-                        continue  # removed since the folder was listed
-                    skipped.append({"path": rel, "reason": "unreadable: %s"
-                                    % (exc.strerror or exc)})
-                    unreadable.append(rel)
-                    continue
-                mode = st.st_mode
-                if not is_regular(mode):
-                    skipped.append({"path": rel, "reason": "symlink (not followed)"
-                                    if is_link(mode) else "not a regular file"})
-                    continue
-                files[rel] = make_info(StatInfo, (
-                    st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                    mode & 0o7777, in_sensitive or sensitive_file(name)))
+                    rel = prefix + name
+                    if not name.isascii() and not utf8_name(name):
+                        skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
+                                        "reason": "name is not valid UTF-8"})
+                        continue
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            if rel != store_rel:
+                                stack.append((rel + "/", in_sensitive or sensitive_dir(name),
+                                              entry.inode()))
+                            continue
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError as exc:
+                        if exc.errno in VANISHED_ERRNOS:
+                            continue  # removed since the folder was listed
+                        skipped.append({"path": rel, "reason": "unreadable: %s"
+                                        % (exc.strerror or exc)})
+                        unreadable.append(rel)
+                        continue
+                    mode = st.st_mode
+                    if not is_regular(mode):
+                        skipped.append({"path": rel, "reason": "symlink (not followed)"
+                                        if is_link(mode) else "not a regular file"})
+                        continue
+                    files[rel] = make_info(StatInfo, (
+                        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                        mode & 0o7777, in_sensitive or sensitive_file(name)))
+            except OSError as exc:  # the listing broke off partway: the rest is unknown
+                if not prefix:
+                    raise
+                skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
+                                "directory: %s" % (exc.strerror or exc.__class__.__name__)})
+                unreadable.append(prefix)
     return ScanResult(files, skipped, started, unreadable)
 
 

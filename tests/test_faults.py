@@ -359,6 +359,19 @@ class UnreadableFolderTest(WorkspaceTest):
                           self.read("docs/new.txt")),
                          (b"unsaved b\n", b"unsaved a\n", b"never recorded\n"))
 
+    def test_a_listing_that_breaks_off_makes_the_folder_unknown(self):
+        self.write("src/b.txt", "b two\n")
+        docs = os.path.join(self.root, "docs")
+        blind = self.traced_server("-P", docs, "-P", docs + "/", "-e", "trace=getdents64",
+                                   "-e", "inject=getdents64:error=EIO")
+        saved = blind.ok("tc_save", root=self.root, title="two")
+        self.assertIn({"path": "docs", "reason": "unreadable directory: Input/output error"},
+                      saved["skipped_paths"])
+        self.srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        self.srv.ok("tc_restore", root=self.root, index=saved["index"], apply=True)
+        self.assertEqual((self.read("docs/a.txt"), self.read("src/b.txt")),
+                         (b"a one\n", b"b two\n"))
+
     def test_a_row_kept_unseen_is_read_again_once_it_can_be(self):
         task_id = self.srv.ok("tc_show", root=self.root)["task_id"]
         # The racy case: docs/a.txt changed within the clock tick its index
