@@ -2711,8 +2711,20 @@ class Journal:
         else:
             self.data["store_backup"][rel] = None
 
-    def begin(self, payloads_new=()):
-        """Write the plan; payloads_new: paths of payloads the operation added."""
+    def begin(self, payloads_new=(), *, discard=None):
+        """Write the plan; payloads_new: paths of payloads the operation added.
+        If that fails (a flush the disk refuses), the journal never started:
+        its folder is removed, and so are the payloads in discard (stored for
+        this operation, named by nothing yet), before the error goes up."""
+        try:
+            self._write_plan(payloads_new)
+        except BaseException:
+            remove_tree(self.directory)
+            if discard:
+                self.store.payloads.discard(discard)
+            raise
+
+    def _write_plan(self, payloads_new):
         self.data["payloads_new"] = sorted({os.path.basename(p) for p in payloads_new})
         self.store.payloads.flush()
         for name in set(self.data["store_backup"].values()) - {None}:
@@ -5032,11 +5044,13 @@ class Checkpoints:
             ws.task_id = task_id
             ws.state = make_state(task_id=task_id, name=name.strip(), goal=goal or "",
                                   constraints=constraints or "", root=root, exclude=exclude)
+            created = []  # content the baseline stored: nobody's if the init fails
             try:
-                baseline = self._baseline(ws)
+                baseline = self._baseline(ws, created)
                 ws.records.write_state(ws.state)
             except BaseException:
                 remove_tree(ws.records.directory)
+                ws.store.payloads.discard(created)
                 raise
             # The new task is complete: only now is the previous one suspended.
             # A failure from here on (a read-only workspace refusing the
@@ -5050,6 +5064,7 @@ class Checkpoints:
             except BaseException:
                 put_back_file(pointer, pointer_before, st.log)
                 remove_tree(ws.records.directory)
+                ws.store.payloads.discard(created)
                 raise
         self._watch(root, st)
         note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
@@ -5127,9 +5142,11 @@ class Checkpoints:
         records.write_state(state)
         return task_id
 
-    def _baseline(self, ws):
-        """Record the workspace as the task finds it, as drift d0001."""
+    def _baseline(self, ws, created):
+        """Record the workspace as the task finds it, as drift d0001; the
+        content it stores is added to the list created."""
         snap = self._snapshot(ws, store_content=True)
+        created.extend(snap.created)
         drift = self._record_drift(ws, ws.state, snap.entries, {}, kind="baseline",
                                    unseen=snap.unseen)
         ws.state["index_manifest"] = drift["manifest"]
@@ -5646,7 +5663,7 @@ class Checkpoints:
             # only the journal's rollback may remove it (it may still need it).
             ws.store.payloads.discard(snap.created)
             raise
-        journal.begin(payloads_new=snap.created)
+        journal.begin(payloads_new=snap.created, discard=snap.created)
         try:
             stats = self._apply_plan(ws, journal, target, plan)
             rows = self._rows_after_restore(snap, target, plan, stats)
@@ -6020,7 +6037,8 @@ class Checkpoints:
             # Before the journal begins, what this import stored is nobody's.
             payloads.discard(pre.created + history)
             raise
-        journal.begin(payloads_new=new_payloads + pre.created)
+        journal.begin(payloads_new=new_payloads + pre.created,
+                      discard=new_payloads + pre.created + history)
         try:
             recovered = self._import_apply(ws, journal, package, desc, pre, overwritten, fulls)
         except BaseException as exc:

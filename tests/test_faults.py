@@ -448,6 +448,33 @@ class InjectedFaultTest(WorkspaceTest):
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
         self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["index"], 2)
 
+    def test_an_init_or_import_the_disk_fails_keeps_no_content(self):
+        for n in range(20):
+            self.write("f%02d.txt" % n, "content %d\n" % n)
+        store = os.path.join(self.tmp, "store")
+        faulty = self.faulty_server("-e", "trace=fsync,fdatasync,syncfs",
+                                    "-e", "inject=fsync,fdatasync,syncfs:error=EIO")
+        res = faulty.call("tc_init", root=self.root, name="flush fails", store=store)
+        self.assertTrue(res.is_error, res)
+        self.assertEqual(stored_shas(store), {}, "the failed init kept its content")
+        tasks = os.path.join(store, "tasks")
+        self.assertEqual(os.listdir(tasks) if os.path.isdir(tasks) else [], [])
+        # A package to import, made where the disk works.
+        other = os.path.join(self.tmp, "other")
+        write(other, "g.txt", "from elsewhere\n")
+        srv = self.server(env={"TC_WATCH": "off"})
+        srv.ok("tc_init", root=other, name="elsewhere", store=os.path.join(self.tmp, "s2"))
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        package = srv.ok("tc_export", root=other, to=out)["path"]
+        store = os.path.join(self.root, ".checkpoints")  # no pointer was left behind
+        res = faulty.call("tc_import", root=self.root, package=package)
+        self.assertTrue(res.is_error, res)
+        self.assertEqual(stored_shas(store), {}, "the failed import kept its content")
+        journal = os.path.join(store, "journal")
+        self.assertEqual(os.listdir(journal) if os.path.isdir(journal) else [], [])
+        self.assertFalse(os.path.exists(os.path.join(self.root, "g.txt")))
+
     def test_a_lock_that_fails_to_unlock_does_not_fail_finished_work(self):
         srv = self.server(env={"TC_WATCH": "off"})
         self.write("a.txt", "one\n")
