@@ -1169,9 +1169,16 @@ def scan_tree(root, policy, dirs=None):
                     files[rel] = make_info(StatInfo, (
                         st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                         mode & 0o7777, in_sensitive or sensitive_file(name)))
-            except OSError as exc:  # the listing broke off partway: the rest is unknown
+            except OSError as exc:  # the listing broke off partway
                 if not prefix:
                     raise
+                # The folder is unknown as a whole, like one that cannot be
+                # opened: what was already taken from it is dropped again.
+                files = {rel: info for rel, info in files.items() if not rel.startswith(prefix)}
+                stack = [item for item in stack if not item[0].startswith(prefix)]
+                skipped = [item for item in skipped
+                           if not (item["path"] + "/").startswith(prefix)]
+                unreadable = [rel for rel in unreadable if not rel.startswith(prefix)]
                 skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
                                 "directory: %s" % (exc.strerror or exc.__class__.__name__)})
                 unreadable.append(prefix)
@@ -2720,7 +2727,7 @@ class Journal:
             self._write_plan(payloads_new)
         except BaseException:
             remove_tree(self.directory)
-            if discard:
+            if discard and not os.path.lexists(os.path.join(self.directory, "plan.json")):
                 self.store.payloads.discard(discard)
             raise
 
@@ -2877,19 +2884,23 @@ def same_content(have, want):
     return have[1] == want[1] and have[3] == want[3]
 
 
-def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
+def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):
     """What a restore to target changes in a workspace whose state is current.
 
     skipped: paths the scan passed over (unreadable, symlinks, special
     files); they are never touched, and neither is a path the workspace's
-    policy excludes. Preview and apply compute the same plan.
+    policy excludes. unseen: the same kind of items for the paths the target
+    record could not read when it was made; a file there is neither deleted
+    nor overwritten, but a missing one is written. Preview and apply compute
+    the same plan.
     """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
+    not_seen = {item["path"]: item["reason"] for item in unseen}
     for path, have in sorted(current.items()):
         if path in target:
             continue
-        left = _left_in_place(path, untouchable)
+        left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
         if left:  # known only from an earlier record: never deleted unseen
             plan["unrestorable"].append({"path": path, "reason": left})
         elif have[0] == KIND_SENSITIVE:
@@ -2906,6 +2917,7 @@ def plan_restore(target, current, has_payload, *, skipped=(), policy=None):
         if have is not None and same_content(have, want):
             continue
         reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
+                  or (have is not None and _left_in_place(path, not_seen))
                   or _unrestorable_reason(path, have, want, has_payload, current, deleted))
         if reason:
             plan["unrestorable"].append({"path": path, "reason": reason})
@@ -5284,7 +5296,7 @@ class Checkpoints:
         result = {"task_id": ws.task_id, "title": title, "groups": find_groups(snap.entries),
                   "skipped_paths": snap.skipped}
         if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
-                           snap.entries):
+                           snap):
             index, idempotent, new_step = head["index"], True, None
         else:
             index, idempotent = state["last_step"] + 1, False
@@ -5312,14 +5324,16 @@ class Checkpoints:
         return result
 
     @staticmethod
-    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, entries):
+    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, snap):
         """An idempotent save: same title, conclusion, next and verified as the
-        head step, and the same files (compared only when the text matches)."""
+        head step, the same unseen paths, and the same files (compared only
+        when the rest matches)."""
         if head is None or (head.get("title"), head.get("conclusion"), head.get("next"),
-                            head.get("verified")) != (title, conclusion, next_step, verified):
+                            head.get("verified"), head.get("unseen", [])) != (
+                                title, conclusion, next_step, verified, sorted(snap.unseen)):
             return False
         return (head["manifest"] == manifest_no
-                or ws.records.manifests.load(head["manifest"]) == entries)
+                or ws.records.manifests.load(head["manifest"]) == snap.entries)
 
     def _record_manifest(self, ws, state, entries, later=None):
         """Write the next manifest. Without `later`, the payloads it names are
@@ -5603,7 +5617,7 @@ class Checkpoints:
             target = ws.records.manifests.load(target_no)
             snap = self._snapshot(ws, store_content=apply, strict=apply)
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                skipped=snap.skipped + unseen, policy=self._policy(ws))
+                                skipped=snap.skipped, unseen=unseen, policy=self._policy(ws))
             if apply:
                 created = snap.created
                 try:
@@ -5614,7 +5628,8 @@ class Checkpoints:
                     raise
                 if changed:
                     plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                        skipped=snap.skipped + unseen, policy=self._policy(ws))
+                                        skipped=snap.skipped, unseen=unseen,
+                                        policy=self._policy(ws))
             recovered = None
             if apply:
                 recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
@@ -6037,8 +6052,7 @@ class Checkpoints:
             # Before the journal begins, what this import stored is nobody's.
             payloads.discard(pre.created + history)
             raise
-        journal.begin(payloads_new=new_payloads + pre.created,
-                      discard=new_payloads + pre.created + history)
+        journal.begin(payloads_new=new_payloads + pre.created, discard=pre.created + history)
         try:
             recovered = self._import_apply(ws, journal, package, desc, pre, overwritten, fulls)
         except BaseException as exc:

@@ -372,6 +372,36 @@ class UnreadableFolderTest(WorkspaceTest):
         self.assertEqual((self.read("docs/a.txt"), self.read("src/b.txt")),
                          (b"a one\n", b"b two\n"))
 
+    def test_a_listing_cut_short_leaves_the_whole_folder_unknown(self):
+        names = ["docs/f%04d.txt" % n for n in range(1200)] + ["docs/sub/x.txt"]
+        for rel in names:
+            self.write(rel, "first\n")
+        self.srv.ok("tc_capture", root=self.root)
+        for rel in names[:-1]:
+            self.write(rel, "second\n")
+        os.remove(os.path.join(self.root, "docs", "sub", "x.txt"))
+        docs = os.path.join(self.root, "docs")
+        # The first batch of entries comes through; the listing then fails.
+        blind = self.traced_server("-P", docs, "-P", docs + "/", "-e", "trace=getdents64",
+                                   "-e", "inject=getdents64:error=EIO:when=2+")
+        captured = blind.ok("tc_capture", root=self.root)
+        self.assertIn("docs", [item["path"] for item in captured["skipped_paths"]])
+        self.assertEqual([p for p in captured["modified"] + captured["deleted"]
+                          if p.startswith("docs/")], [], "a half-read folder was recorded")
+
+    def test_a_restore_writes_a_missing_file_its_record_did_not_see(self):
+        docs = os.path.join(self.root, "docs")
+        with self.unlistable(docs) as blind:
+            saved = blind.ok("tc_save", root=self.root, title="two")
+        # Saved again where docs/ can be read: a new step, which did see it.
+        again = self.srv.ok("tc_save", root=self.root, title="two")
+        self.assertFalse(again["idempotent"], again)
+        shutil.rmtree(docs)
+        for index in (saved["index"], again["index"]):
+            self.srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            self.assertEqual(self.read("docs/a.txt"), b"a one\n", "step %d" % index)
+            shutil.rmtree(docs)
+
     def test_a_row_kept_unseen_is_read_again_once_it_can_be(self):
         task_id = self.srv.ok("tc_show", root=self.root)["task_id"]
         # The racy case: docs/a.txt changed within the clock tick its index
@@ -425,11 +455,11 @@ class UnreadableFolderTest(WorkspaceTest):
 class InjectedFaultTest(WorkspaceTest):
     """Errors only a failing disk gives, injected with strace."""
 
-    def faulty_server(self, *strace_args):
+    def faulty_server(self, *strace_args, cwd=None):
         command = traced(SERVER_COMMAND, *strace_args)
         if command is None:
             self.skipTest("needs strace")
-        return self.server(env={"TC_WATCH": "off"}, command=command)
+        return self.server(env={"TC_WATCH": "off"}, command=command, cwd=cwd)
 
     def test_a_failed_flush_fails_the_save_and_records_nothing(self):
         srv = self.server(env={"TC_WATCH": "off"})
@@ -452,8 +482,13 @@ class InjectedFaultTest(WorkspaceTest):
         for n in range(20):
             self.write("f%02d.txt" % n, "content %d\n" % n)
         store = os.path.join(self.tmp, "store")
+        # A file in the server's working directory named like the content
+        # the import brings: a failed import must not take it for its own.
+        decoy = os.path.join(self.tmp, hashlib.sha256(b"from elsewhere\n").hexdigest())
+        write(self.tmp, os.path.basename(decoy), "not the store's\n")
         faulty = self.faulty_server("-e", "trace=fsync,fdatasync,syncfs",
-                                    "-e", "inject=fsync,fdatasync,syncfs:error=EIO")
+                                    "-e", "inject=fsync,fdatasync,syncfs:error=EIO",
+                                    cwd=self.tmp)
         res = faulty.call("tc_init", root=self.root, name="flush fails", store=store)
         self.assertTrue(res.is_error, res)
         self.assertEqual(stored_shas(store), {}, "the failed init kept its content")
@@ -474,6 +509,7 @@ class InjectedFaultTest(WorkspaceTest):
         journal = os.path.join(store, "journal")
         self.assertEqual(os.listdir(journal) if os.path.isdir(journal) else [], [])
         self.assertFalse(os.path.exists(os.path.join(self.root, "g.txt")))
+        self.assertTrue(os.path.exists(decoy), "the failed import removed a file outside")
 
     def test_a_lock_that_fails_to_unlock_does_not_fail_finished_work(self):
         srv = self.server(env={"TC_WATCH": "off"})
