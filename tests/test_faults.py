@@ -188,11 +188,13 @@ class UnwritablePartsTest(WorkspaceTest):
         write(other, "x.txt", "x\n")
         second_store = os.path.join(self.tmp, "second-store")
         srv.ok("tc_init", root=other, name="elsewhere", store=second_store)
-        if not make_immutable(os.path.join(second_store, "current.json")):
+        current = os.path.join(second_store, "current.json")
+        if not make_immutable(current):
             self.skipTest("needs root and a file system with immutable files")
-        self.addCleanup(subprocess.run, ["chattr", "-i", os.path.join(second_store,
-                                                                      "current.json")])
-        res = srv.call("tc_init", root=self.root, name="second", store=second_store)
+        try:
+            res = srv.call("tc_init", root=self.root, name="second", store=second_store)
+        finally:
+            subprocess.run(["chattr", "-i", current])
         self.assert_clean_error(res, "tc_init")
         with open(pointer, "rb") as fh:
             self.assertEqual(fh.read(), before, "the failed init left the pointer moved")
