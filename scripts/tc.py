@@ -1286,38 +1286,99 @@ def check_written_within(fd, path, guard):
                          "replaced by a link); nothing was written there" % path)
 
 
-def remove_within(path, guard):
-    """remove_file for a workspace file: the unlink goes through the parent
-    folder only once that folder is known to be inside the workspace."""
-    if guard is None:
-        return remove_file(path)
+def _at_or_inside(where, guard):
+    return where == guard.rstrip(os.sep) or _inside(where, guard)
+
+
+# Calls that act on a name inside a folder descriptor (mkdirat, unlinkat...).
+DIR_FD_CALLS = all(call in getattr(os, "supports_dir_fd", ()) for call in
+                   (os.mkdir, os.rmdir, os.unlink, os.rename))
+
+
+def at_parent_within(path, guard, refusal, call):
+    """call(name, dir_fd) on path's last component, through a descriptor of
+    its folder taken once that folder is known to be the workspace (guard)
+    or inside it: a folder of the path replaced by a link to elsewhere
+    cannot redirect the call. Where such descriptors are not available (or
+    the folder cannot even be named), call(path, None) after a check by
+    path. refusal: what the UnsafePath error says was not done."""
     parent, name = os.path.split(path)
     dfd = None
-    if os.unlink in getattr(os, "supports_dir_fd", ()):
+    if DIR_FD_CALLS:
         try:  # O_PATH: a folder without read permission can still be named
             dfd = os.open(parent, getattr(os, "O_PATH", os.O_RDONLY)
                           | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
-        except FileNotFoundError:
-            return False
         except PermissionError:  # no O_PATH and no read permission: by path
             dfd = None
     if dfd is None:
-        where = os.path.realpath(parent)
-        if where != guard.rstrip(os.sep) and not _inside(where, guard):
-            raise UnsafePath("%r now leads outside the workspace; it was not removed" % path)
-        return remove_file(path)
+        if not _at_or_inside(os.path.realpath(parent), guard):
+            raise UnsafePath("%r now leads outside the workspace; %s" % (path, refusal))
+        return call(path, None)
     try:
-        where = _opened_path(dfd, parent)
-        if where != guard.rstrip(os.sep) and not _inside(where, guard):
+        if not _at_or_inside(_opened_path(dfd, parent), guard):
             raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
-                             "replaced by a link); it was not removed" % path)
+                             "replaced by a link); %s" % (path, refusal))
+        return call(name, dfd)
+    finally:
+        os.close(dfd)
+
+
+def remove_within(path, guard):
+    """remove_file for a workspace file, through its checked folder."""
+    if guard is None:
+        return remove_file(path)
+
+    def unlink(name, dfd):
         try:
             os.unlink(name, dir_fd=dfd)
             return True
         except FileNotFoundError:
             return False
-    finally:
-        os.close(dfd)
+
+    try:
+        return at_parent_within(path, guard, "it was not removed", unlink)
+    except FileNotFoundError:  # its folder is gone
+        return False
+
+
+def rmdir_within(path, guard):
+    """os.rmdir of a workspace folder, through its checked parent."""
+    if guard is None:
+        return os.rmdir(path)
+    return at_parent_within(path, guard, "it was not removed",
+                            lambda name, dfd: os.rmdir(name, dir_fd=dfd))
+
+
+def make_dirs_within(path, guard):
+    """make_dirs for a workspace folder: each missing folder is made through
+    its checked parent, never where a swapped folder points."""
+    if guard is None:
+        return make_dirs(path)
+    missing = []
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        missing.append(path)
+        path = parent
+    for folder in reversed(missing):
+        try:
+            at_parent_within(folder, guard, "it was not created",
+                             lambda name, dfd: os.mkdir(name, dir_fd=dfd))
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+
+
+def replace_within(tmp, full, guard):
+    """os.replace(tmp, full) for two names in one workspace folder, through
+    that folder once it is checked."""
+    if guard is None:
+        return os.replace(tmp, full)
+    assert os.path.dirname(tmp) == os.path.dirname(full)
+    at_parent_within(full, guard, "nothing was replaced",
+                     lambda name, dfd: os.replace(tmp if dfd is None else os.path.basename(tmp),
+                                                  name, src_dir_fd=dfd, dst_dir_fd=dfd))
 
 
 def replace_through(tmp, full, name, guard, fill):
@@ -1328,7 +1389,7 @@ def replace_through(tmp, full, name, guard, fill):
     try:
         remove_within(tmp, guard)
         fill(tmp)
-        os.replace(tmp, full)
+        replace_within(tmp, full, guard)
     except OSError as exc:
         if exc.filename is not None and exc.filename in (tmp, os.path.basename(tmp)):
             raise named_after(exc, name) from None
@@ -2763,24 +2824,32 @@ def sibling_temp(full, tag):
 def _put_back(payloads, full, before, guard):
     """Make full hold (sha, mode) again; a no-op when it already does."""
     sha, mode = before
-    if os.path.isfile(full) and not os.path.islink(full):
-        try:
-            if hash_file(full)[0] == sha:
-                if stat_mod.S_IMODE(os.stat(full).st_mode) != mode:
-                    os.chmod(full, mode)
+    try:  # only a file inside the workspace is read or given its mode back
+        fh, st = open_regular(full)
+        with fh:
+            opened_within(fh.fd, st, None, guard, full)
+            digest = hashlib.sha256()
+            for block in fh.blocks():
+                digest.update(block)
+            if digest.hexdigest() == sha:
+                if stat_mod.S_IMODE(st.st_mode) != mode:
+                    if hasattr(os, "fchmod"):
+                        os.fchmod(fh.fd, mode)
+                    else:
+                        os.chmod(full, mode)
                 return
-        except OSError:
-            pass
+    except OSError:
+        pass
     if os.path.isdir(full) and not os.path.islink(full):
         try:
-            os.rmdir(full)
+            rmdir_within(full, guard)
         except OSError:
             pass
-    make_dirs(os.path.dirname(full))
+    make_dirs_within(os.path.dirname(full), guard)
     tmp = sibling_temp(full, "rollback")
     remove_within(tmp, guard)
     payloads.copy_out(sha, tmp, mode, within=guard)
-    os.replace(tmp, full)
+    replace_within(tmp, full, guard)
 
 
 def rollback_journal(store, directory, data=None):
@@ -2791,14 +2860,17 @@ def rollback_journal(store, directory, data=None):
         except (FileNotFoundError, StoreCorrupt):
             remove_tree(directory)  # never started
             return
+    stranded = set()
     if os.path.isdir(data["root"]):
-        _rollback_workspace(store, data)
+        stranded = _rollback_workspace(store, data)
     _rollback_records(store, directory, data)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
     remove_file(os.path.join(directory, "plan.json"))
     fsync_dir(directory)
     for item in data["payloads_new"]:
+        if item in stranded:  # the only copy of a file that could not go back
+            continue
         path = item if os.sep in item or "/" in item else store.payloads.path(item)
         remove_file(path)
         remove_empty_dir(os.path.dirname(path))
@@ -2808,31 +2880,40 @@ def rollback_journal(store, directory, data=None):
 
 
 def _rollback_workspace(store, data):
-    """Every journaled path back to its recorded content (or absence)."""
+    """Every journaled path back to its recorded content (or absence). Returns
+    the content of the files that could not go back because their folder now
+    leads outside the workspace: it stays in the store (until tc_compress
+    reclaims it), and server.log names it."""
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
+    stranded = set()
     for rel, before in reversed(data["entries"]):
         try:
             full = safe_workspace_path(root, rel)
-        except UnsafePath:
-            continue
-        if data.get("op_id"):
-            temps.append(sibling_temp(full, data["op_id"]))
-        try:
+            if data.get("op_id"):
+                temps.append(sibling_temp(full, data["op_id"]))
             if before is None:
                 if os.path.isfile(full):
                     remove_within(full, guard)
             else:
                 _put_back(store.payloads, full, before, guard)
         except UnsafePath:  # now leads outside: nothing there is the workspace's to undo
-            continue
+            if before is not None:
+                stranded.add(before[0])
+                store.log("rollback: %r was not put back, its folder now leads outside the "
+                          "workspace; its content stays in the store as %s"
+                          % (rel, store.payloads.path(before[0])))
     for tmp in temps:
         if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
             remove_file(tmp)
     for rel in reversed(data["created_dirs"]):
-        remove_empty_dir(os.path.join(root, rel))
+        try:
+            rmdir_within(os.path.join(root, rel), guard)
+        except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
+            pass
+    return stranded
 
 
 def _rollback_records(store, directory, data):
@@ -2858,10 +2939,11 @@ def _rollback_records(store, directory, data):
             atomic_write(target, before)
 
 
-def ensure_dir(path, made):
-    """makedirs once per directory of a batch (made remembers what exists)."""
+def ensure_dir(path, made, guard):
+    """make_dirs_within once per workspace folder of a batch (made remembers
+    what exists)."""
     if path not in made:
-        make_dirs(path)
+        make_dirs_within(path, guard)
         made.add(path)
 
 
@@ -2997,11 +3079,12 @@ def missing_dirs(root, rels):
     return out
 
 
-def prune_empty_dirs(root, directory):
-    """Remove directories left empty by deletions, up to (not including) root."""
+def prune_empty_dirs(root, directory, guard):
+    """Remove directories left empty by deletions, up to (not including) root
+    (each through its checked parent)."""
     while directory and directory != root and directory.startswith(root + os.sep):
         try:
-            os.rmdir(directory)
+            rmdir_within(directory, guard)
         except OSError:
             return
         directory = os.path.dirname(directory)
@@ -5722,12 +5805,12 @@ class Checkpoints:
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
             remove_within(full, ws.guard)
-            prune_empty_dirs(ws.root, os.path.dirname(full))
+            prune_empty_dirs(ws.root, os.path.dirname(full), ws.guard)
         made, checked = set(), set()
         writes = []
         for rel in plan["to_write"] + plan["to_replace"]:
             full = safe_workspace_path(ws.root, rel, checked)
-            ensure_dir(os.path.dirname(full), made)
+            ensure_dir(os.path.dirname(full), made, ws.guard)
             writes.append((rel, full))
         guard = ws.guard
         stats = in_parallel(lambda item: self._restore_file(payloads, journal, target, guard,
@@ -5744,7 +5827,7 @@ class Checkpoints:
         except FileNotFoundError:
             st = None
         if st is not None and stat_mod.S_ISDIR(st.st_mode):
-            os.rmdir(full)  # only an empty directory may give way to a file
+            rmdir_within(full, guard)  # only an empty directory may give way to a file
             st = None
         try:
             if st is not None and st.st_nlink > 1:
@@ -6102,7 +6185,7 @@ class Checkpoints:
         rows = dict(pre.rows)
         made = set()
         for item in desc["files"]:
-            ensure_dir(os.path.dirname(fulls[item["path"]]), made)
+            ensure_dir(os.path.dirname(fulls[item["path"]]), made, ws.guard)
         made = None
 
         def package_file(item):
@@ -6150,7 +6233,7 @@ class Checkpoints:
             if st is not None and stat_mod.S_ISLNK(st.st_mode):
                 raise UnsafePath("path %r is a symlink" % rel)
             if st is not None and stat_mod.S_ISDIR(st.st_mode):
-                os.rmdir(full)  # only an empty directory may give way to a file
+                rmdir_within(full, ws.guard)  # only an empty directory may give way
                 st = None
             if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
                 st = replace_through(journal.temp_name(full), full, item["path"], ws.guard,

@@ -316,7 +316,8 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         return self.outside_files()
 
     def outside_files(self):
-        return {name: read(self.outside, name) for name in sorted(os.listdir(self.outside))}
+        return {name: None if os.path.isdir(os.path.join(self.outside, name))
+                else read(self.outside, name) for name in sorted(os.listdir(self.outside))}
 
     def restore_case(self):
         before = self.outside_folder()
@@ -346,6 +347,43 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
             cp.restore(self.root, index=1, apply=True)
         self.assertIn("outside the workspace", str(caught.exception))
         self.assertEqual(self.outside_files(), before)
+
+    def test_a_restore_does_not_make_folders_where_a_swapped_folder_points(self):
+        before = self.outside_folder()
+        self.write("sub/deep/new.txt", "n1\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        shutil.rmtree(os.path.join(self.root, "sub", "deep"))
+        self.swap_before(tc, "make_dirs_within")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+        self.assertFalse(os.path.lexists(os.path.join(self.outside, "deep")))
+
+    def test_a_restore_does_not_prune_folders_where_a_swapped_folder_points(self):
+        before = self.outside_folder()
+        os.mkdir(os.path.join(self.outside, "deep"))  # empty, as the pruned one will be
+        self.write("sub/kept.txt", "k\n")
+        logged = []
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False), log=logged.append)
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        self.write("sub/deep/added.txt", "unsaved\n")
+        self.swap_before(tc, "rmdir_within")  # the file is gone, its folder not yet
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertTrue(os.path.isdir(os.path.join(self.outside, "deep")))
+        self.assertEqual(self.outside_files(), dict(before, deep=None))
+        # The deleted file cannot go back through the link; its content
+        # stays in the store, and the log says where.
+        log = "\n".join(logged)
+        self.assertIn("'sub/deep/added.txt' was not put back", log)
+        kept = log.split("its content stays in the store as ", 1)[1].split()[0]
+        with open(kept, "rb") as fh:
+            self.assertEqual(fh.read(), b"unsaved\n")
 
     def test_an_import_does_not_write_where_a_swapped_folder_points(self):
         before = self.outside_folder()
