@@ -5802,10 +5802,13 @@ class Checkpoints:
 
     def _apply_plan(self, ws, journal, target, plan):
         payloads = ws.store.payloads
+        emptied = set()
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
             remove_within(full, ws.guard)
-            prune_empty_dirs(ws.root, os.path.dirname(full), ws.guard)
+            emptied.add(os.path.dirname(full))
+        for folder in sorted(emptied, key=lambda f: -f.count(os.sep)):  # deepest first
+            prune_empty_dirs(ws.root, folder, ws.guard)
         made, checked = set(), set()
         writes = []
         for rel in plan["to_write"] + plan["to_replace"]:
