@@ -2813,7 +2813,7 @@ class Journal:
         remove_empty_dir(os.path.dirname(self.directory))
 
     def rollback(self):
-        rollback_journal(self.store, self.directory, self.data)
+        return rollback_journal(self.store, self.directory, self.data)
 
 
 def sibling_temp(full, tag):
@@ -2853,16 +2853,18 @@ def _put_back(payloads, full, before, guard):
 
 
 def rollback_journal(store, directory, data=None):
-    """Undo an operation described by a journal; safe to run more than once."""
+    """Undo an operation described by a journal; safe to run more than once.
+    Returns the workspace paths that could not be put back (see
+    _rollback_workspace)."""
     if data is None:
         try:
             data = read_json(os.path.join(directory, "plan.json"))
         except (FileNotFoundError, StoreCorrupt):
             remove_tree(directory)  # never started
-            return
-    stranded = set()
+            return []
+    stranded, not_back = set(), []
     if os.path.isdir(data["root"]):
-        stranded = _rollback_workspace(store, data)
+        stranded, not_back = _rollback_workspace(store, data)
     _rollback_records(store, directory, data)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
@@ -2877,18 +2879,22 @@ def rollback_journal(store, directory, data=None):
     store.forget_caches()
     remove_tree(directory)
     remove_empty_dir(os.path.dirname(directory))
+    return not_back
 
 
 def _rollback_workspace(store, data):
-    """Every journaled path back to its recorded content (or absence). Returns
-    the content of the files that could not go back because their folder now
-    leads outside the workspace: it stays in the store (until tc_compress
-    reclaims it), and server.log names it."""
+    """Every journaled path back to its recorded content (or absence).
+
+    A file that cannot go back is logged and passed over, so that one file
+    never keeps the store's rollback from finishing: its folder now leads
+    outside the workspace (its content stays in the store, until tc_compress
+    reclaims it), or its stored copy is damaged. Returns (the content kept
+    for the first kind, the paths of both kinds)."""
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
-    stranded = set()
+    stranded, not_back = set(), []
     for rel, before in reversed(data["entries"]):
         try:
             full = safe_workspace_path(root, rel)
@@ -2902,9 +2908,13 @@ def _rollback_workspace(store, data):
         except UnsafePath:  # now leads outside: nothing there is the workspace's to undo
             if before is not None:
                 stranded.add(before[0])
+                not_back.append(rel)
                 store.log("rollback: %r was not put back, its folder now leads outside the "
                           "workspace; its content stays in the store as %s"
                           % (rel, store.payloads.path(before[0])))
+        except StoreCorrupt as exc:
+            not_back.append(rel)
+            store.log("rollback: %r was not put back: %s" % (rel, exc))
     for tmp in temps:
         if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
             remove_file(tmp)
@@ -2913,7 +2923,7 @@ def _rollback_workspace(store, data):
             rmdir_within(os.path.join(root, rel), guard)
         except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
             pass
-    return stranded
+    return stranded, not_back
 
 
 def _rollback_records(store, directory, data):
@@ -5034,7 +5044,7 @@ class Checkpoints:
     def _secure_undo(self, ws, snap, rels):
         """Make sure the content the snapshot names for rels (files about to be
         overwritten or deleted) is in the store, re-reading any whose stored
-        copy is gone (reclaimed by tc_compress). Only these files are checked,
+        copy is gone (reclaimed by tc_compress) or damaged. Only these files are checked,
         not the whole workspace. Returns (snapshot, True when an entry changed)."""
         entries, rows = snap.entries, snap.rows
         wanted = {}
@@ -5043,7 +5053,17 @@ class Checkpoints:
             if entry is not None and entry[0] == KIND_FILE:
                 wanted.setdefault(entry[1], []).append(rel)
         changed, reads = False, snap.reads
-        for sha in ws.store.payloads.missing(wanted):
+        payloads = ws.store.payloads
+        gone = payloads.missing(wanted)
+        for sha in set(wanted) - set(gone):
+            if payloads.size(sha) != entries[wanted[sha][0]][2]:
+                # A stored copy of the wrong size is damaged: the file itself
+                # is the one good copy left, so it is stored again.
+                ws.store.log("stored content %s is damaged (wrong size); it is stored again "
+                             "from %r" % (sha, wanted[sha][0]))
+                remove_file(payloads.path(sha))
+                gone.append(sha)
+        for sha in gone:
             for rel in wanted[sha]:
                 row = rows[rel]
                 info = StatInfo(row[0], row[1], row[2], row[3], row[4], row[5], False)
@@ -5570,8 +5590,8 @@ class Checkpoints:
         for dirpath, _dirs, names in os.walk(ws.records.directory):
             for name in names:
                 if name.startswith(".tmp-"):
-                    errors.append("leftover temporary file %r (an interrupted write; the next "
-                                  "save removes it)" % os.path.join(dirpath, name))
+                    errors.append("leftover temporary file %r (an interrupted write, part of "
+                                  "no record; safe to delete)" % os.path.join(dirpath, name))
         for path in (ws.records.state_path,):
             try:
                 read_json(path)
@@ -5785,18 +5805,22 @@ class Checkpoints:
 
     def _undo(self, journal, what, exc):
         try:
-            journal.rollback()
+            not_back = journal.rollback()
         except Exception:
             import traceback
             self.log("rollback of %s failed: %s" % (what, traceback.format_exc()))
             raise StoreCorrupt("the %s failed (%s) and could not be fully undone; the next "
                                "tool call retries the rollback" % (what, exc)) from None
+        undone = "nothing was changed"
+        if not_back:
+            undone = ("it was undone except for %d file(s) that could not be put back (%s; "
+                      "see server.log)" % (len(not_back), ", ".join(map(repr, not_back[:5]))))
         if isinstance(exc, CheckpointError):
-            raise CheckpointError("the %s failed and nothing was changed: %s" % (what, exc)) from None
+            raise CheckpointError("the %s failed and %s: %s" % (what, undone, exc)) from None
         if isinstance(exc, OSError):
             advice = OS_ERROR_ADVICE.get(exc.errno)
-            raise CheckpointError("the %s failed and nothing was changed: %s%s"
-                                  % (what, describe_os_error(exc),
+            raise CheckpointError("the %s failed and %s: %s%s"
+                                  % (what, undone, describe_os_error(exc),
                                      ". " + advice if advice else "")) from None
         raise exc
 

@@ -491,6 +491,51 @@ class LostContent(RestoreTest):
         self.assertEqual(self.read("f.txt"), current)
         self.assertEqual(self.read("keep.txt"), b"kept\n")
 
+    def damage(self, data, garbage):
+        with open(self.payload_path(data), "wb") as fh:
+            fh.write(garbage)
+
+    def test_current_content_whose_stored_copy_is_damaged_is_stored_again(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("f.txt", b"one\n")
+        self.save(srv, "one")
+        current = b"two, saved, then its stored copy damaged\n"
+        self.write("f.txt", current)
+        self.save(srv, "two")
+        self.damage(current, b"truncated")
+
+        applied = self.restore_ok(srv, index=1, apply=True)
+        self.assertEqual(self.read("f.txt"), b"one\n")
+        with open(self.payload_path(current), "rb") as fh:
+            self.assertEqual(fh.read(), current)
+        self.restore_ok(srv, drift_id=applied["recovered"], apply=True)
+        self.assertEqual(self.read("f.txt"), current)
+
+    def test_a_rollback_that_meets_damaged_content_finishes_and_says_so(self):
+        srv = self.server()
+        self.init(srv)
+        self.write("a.txt", b"a one\n")
+        self.write("f.txt", b"f one\n")
+        self.save(srv, "one")
+        self.write("a.txt", b"a two\n")
+        self.write("f.txt", b"f two\n")
+        self.save(srv, "two")
+        # Same sizes, wrong bytes: nothing short of reading them shows it.
+        self.damage(b"f one\n", b"xxxxxx")
+        self.damage(b"f two\n", b"yyyyyy")
+
+        res = self.restore(srv, index=1, apply=True)
+        self.assertTrue(res.is_error)
+        self.assert_no_traceback(res)
+        self.assertIn("could not be put back", res.text)
+        self.assertIn("'f.txt'", res.text)
+        self.assertEqual(self.read("a.txt"), b"a two\n")  # put back from its good copy
+        # The store is not left waiting on a rollback that can never finish.
+        self.write("g.txt", b"new work\n")
+        self.assertEqual(self.save(srv, "three"), 3)
+        self.assertEqual(srv.ok("tc_compress", root=self.root, keep_seconds=0)["keep_seconds"], 0)
+
 
 class Refusals(RestoreTest):
 
