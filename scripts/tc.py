@@ -615,6 +615,16 @@ def write_record(path, obj, later=None):
         later.extend((path, os.path.dirname(path)))
 
 
+def parse_json(data):
+    """json.loads, with nesting too deep for the parser reported as the
+    ValueError any other malformed JSON raises (the files read here may come
+    from a workspace, a package or a damaged store)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
+
+
 def read_json(path):
     """Parse a store JSON file; a damaged one raises StoreCorrupt naming it."""
     try:
@@ -626,7 +636,7 @@ def read_json(path):
     with fh:
         data = fh.read_all(st.st_size)
     try:
-        return json.loads(data.decode("utf-8"))
+        return parse_json(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise StoreCorrupt("store file %r does not parse (%s); restore it from a "
                            "backup or remove the task" % (path, exc)) from None
@@ -2644,7 +2654,7 @@ class TaskRecords:
             lines.pop()
         for line in lines:
             try:
-                change = json.loads(line)
+                change = parse_json(line)
                 if gen is None or change["gen"] != gen:
                     raise ValueError("another base")
                 files.update(change["set"])
@@ -3645,7 +3655,7 @@ class GitObjectCache:
             return hit[1]
         try:
             with open(path, "r", encoding="utf-8") as fh:
-                doc = json.load(fh)
+                doc = parse_json(fh.read())
         except (OSError, ValueError):
             return {}
         if not isinstance(doc, dict):

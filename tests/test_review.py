@@ -587,6 +587,44 @@ class StoreTests(WorkspaceTest):
         self.assertEqual(srv.ok("tc_save", root=self.root, title="three")["index"], 3)
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
 
+    def test_json_nested_past_the_parser_is_damage_not_an_internal_error(self):
+        nested = "[" * 50000 + "]" * 50000
+        self.write("a.txt", "one\n")
+        srv = self.server()
+        task_id = srv.ok("tc_init", root=self.root, name="nested")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = srv.ok("tc_export", root=self.root, to=out)["path"]
+        with open(os.path.join(package, "handoff.json"), "w", encoding="utf-8") as fh:
+            fh.write(nested)
+        fresh = os.path.join(self.tmp, "fresh")
+        write(fresh, "b.txt", "b\n")
+        res = srv.call("tc_import", root=fresh, package=package)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("handoff.json", res.text)
+        self.assertIn("nested too deeply", res.text)
+
+        state = os.path.join(self.store, "tasks", task_id, "state.json")
+        with open(state, "rb") as fh:
+            good = fh.read()
+        with open(state, "w", encoding="utf-8") as fh:
+            fh.write('{"head": %s}' % nested)
+        res = srv.call("tc_show", root=self.root)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("state.json", res.text)
+        with open(state, "wb") as fh:
+            fh.write(good)
+
+        # Workspace content alone: a repository can carry any pointer file.
+        other = os.path.join(self.tmp, "cloned")
+        write(other, tc.POINTER_NAME, '{"store": %s}' % nested)
+        for tool, args in (("tc_resume", {}), ("tc_init", {"name": "x"})):
+            res = srv.call(tool, root=other, **args)
+            self.assertTrue(res.is_error, res)
+            self.assertIn("store pointer", res.text)
+        srv.ok("tc_show", root=self.root)
+
     def test_kernel_pseudo_file_systems_are_refused_as_workspaces(self):
         srv = self.server()
         for root in ("/proc", "/sys", "/dev"):
