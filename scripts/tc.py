@@ -104,8 +104,8 @@ CONFIG_SUFFIX_SET = frozenset(CONFIG_SUFFIXES)
 
 TRUE_WORDS = {"1", "on", "true", "yes"}
 FALSE_WORDS = {"0", "off", "false", "no"}
-PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-DRIFT_ID = re.compile(r"^d[0-9]{4,9}$")
+PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+DRIFT_ID = re.compile(r"^d[0-9]{4,9}\Z")
 
 
 def parse_bool(value, default):
@@ -3555,7 +3555,7 @@ GIT_FORCED_CONFIG = ("core.splitIndex=false", "core.untrackedCache=false",
                      "commit.gpgSign=false")
 # A save with at least this many files new to git hashes them in parallel.
 SPLIT_HASHING = 256
-_REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+$")
+_REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+\Z")
 
 
 # A git process that runs this long is stopped (a hung network mount under
@@ -3940,7 +3940,7 @@ def _step_key(ref):
     return int(tail[1:]) if tail[:1] == "s" and tail[1:].isdigit() else -1
 
 
-_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
 
 
 def file_digest(path):
@@ -4499,7 +4499,7 @@ def package_history_shas(desc):
     for entry in desc.get("history") or []:
         for value in entry["files"].values():
             if value[0] == KIND_FILE:
-                if not isinstance(value[1], str) or not re.match(r"^[0-9a-f]{64}$", value[1]):
+                if not isinstance(value[1], str) or not re.match(r"^[0-9a-f]{64}\Z", value[1]):
                     raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
                 shas.add(value[1])
     return sorted(shas)

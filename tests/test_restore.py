@@ -579,8 +579,9 @@ class Refusals(RestoreTest):
 
     def test_unknown_and_malformed_drift_ids(self):
         self.assert_refused(("d9999", "drift"), drift_id="d9999", apply=True)
-        for bad in ("../../etc", "d0001/../x", "", "d1 x"):
+        for bad in ("../../etc", "d0001/../x", "", "d1 x", "d0001\n"):
             self.assert_refused(("drift",), drift_id=bad, apply=True)
+        self.assert_refused(("not a drift id",), drift_id="d0001\n")
 
     def test_closed_task_previews_but_does_not_apply(self):
         self.write("f.txt", "three\n")

@@ -1130,7 +1130,7 @@ class ValidationTest(ToolsTest):
         self.assertEqual(self.save("two")["status"], "open")
 
     def test_bad_task_ids_are_refused_before_touching_disk(self):
-        self.init()
+        task_id = self.init()["task_id"]
         self.write("a.txt", "x\n")
         self.save("one")
         before = tree_listing(self.tmp)
@@ -1140,6 +1140,11 @@ class ValidationTest(ToolsTest):
                 self.refused("tc_save", root=self.root, title="t", task_id=bad)
                 self.refused("tc_show", root=self.root, task_id=bad)
                 self.refused("tc_resume", root=self.root, task_id=bad)
+        for bad in ("x\n", task_id + "\n"):  # a trailing newline is no plain name
+            with self.subTest(task_id=bad):
+                for tool in ("tc_switch", "tc_show"):
+                    res = self.refused(tool, root=self.root, task_id=bad)
+                    self.assertIn("not a valid task id", res.text)
         after = tree_listing(self.tmp)
         strip = lambda listing: [p for p in listing if not p[0].endswith("server.log")]
         self.assertEqual(strip(after), strip(before))
