@@ -1024,6 +1024,8 @@ class PathPolicy:
         """Validate exclude patterns: plain name globs only."""
         if patterns is None:
             return []
+        if not isinstance(patterns, (list, tuple)):
+            raise InvalidArgument("exclude must be a list of name patterns, not %r" % (patterns,))
         out = []
         for pattern in patterns:
             if not isinstance(pattern, str) or not pattern.strip():
@@ -4417,7 +4419,6 @@ def load_package(package):
     """Parse and check a handoff package completely before anything is written."""
     if not os.path.isdir(package):
         raise InvalidArgument("package %r is not a directory made by tc_export" % package)
-    listing = package_files(package)
     try:
         desc = read_json(os.path.join(package, PACKAGE_DESCRIPTION))
     except FileNotFoundError:
@@ -4425,6 +4426,7 @@ def load_package(package):
                               % (package, PACKAGE_DESCRIPTION)) from None
     except StoreCorrupt as exc:
         raise InvalidArgument("package description is damaged: %s" % exc) from None
+    listing = package_files(package)
     try:
         return _check_description(package, desc, listing)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -4446,7 +4448,8 @@ def _check_step(step, where):
 
 
 def _check_description(package, desc, listing):
-    if not isinstance(desc, dict) or desc.get("format") != PACKAGE_FORMAT:
+    if not isinstance(desc, dict) or type(desc.get("format")) is not int \
+            or desc["format"] != PACKAGE_FORMAT:
         raise InvalidArgument("package format %r is not supported (expected %d)"
                               % (desc.get("format") if isinstance(desc, dict) else None,
                                  PACKAGE_FORMAT))
@@ -4463,6 +4466,7 @@ def _check_description(package, desc, listing):
     if not isinstance(desc["files"], list):
         raise InvalidArgument("the package's file list is malformed")
     seen = set()
+    sizes = {}  # sha -> the size of its content, as the package's files have it
     for item in desc["files"]:
         rel = normalize_rel(item["path"])
         if rel in seen:
@@ -4473,7 +4477,10 @@ def _check_description(package, desc, listing):
             raise InvalidArgument("the package entry %r is malformed" % rel)
         # Its bytes are checked against sha256 while they are copied in; a
         # mismatch fails the import, whose journal then undoes it.
-        package_entry(package, listing, "files/" + rel)
+        size = os.lstat(package_entry(package, listing, "files/" + rel)).st_size
+        if size != item["size"] or sizes.setdefault(item["sha256"], size) != size:
+            raise InvalidArgument("the package entry %r gives %d bytes, its file has %d"
+                                  % (rel, item["size"], size))
     for entry in desc.get("history") or []:
         _check_step(entry["step"], "a step in the package's history")
         for rel in entry["files"]:
@@ -4489,8 +4496,14 @@ def _check_description(package, desc, listing):
                               % desc["step"]["index"])
     for sha in carried_history_shas(package, desc):
         full = package_entry(package, listing, "history/payload/" + sha)
-        if hash_file(full)[0] != sha:
+        digest, sizes[sha] = hash_file(full)
+        if digest != sha:
             raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
+    for entry in desc.get("history") or []:
+        for rel, item in entry["files"].items():
+            if item[0] == KIND_FILE and sizes.get(item[1], item[2]) != item[2]:
+                raise InvalidArgument("the package history of step %d gives %r a size its "
+                                      "content does not have" % (entry["step"]["index"], rel))
     return desc
 
 
@@ -6059,6 +6072,12 @@ class Checkpoints:
         if not os.path.isdir(to):
             raise InvalidArgument("to %r must be an existing directory" % to)
         ws = self._workspace(root)
+        store = enclosing_store(to)
+        if store is None and _at_or_inside(to, os.path.realpath(ws.store.directory)):
+            store = ws.store.directory
+        if store is not None:
+            raise InvalidArgument("to %r is inside the checkpoint store %r; export to a folder "
+                                  "outside it" % (to, store))
         final = os.path.join(to, "%s-handoff" % ws.task_id)
         if os.path.lexists(final):
             raise AlreadyExists("a package %r already exists; move it away or export "

@@ -106,16 +106,33 @@ class ImportTests(WorkspaceTest):
             lambda d: d.update(step={"index": 1, "title": "one", "verified": "yes"}),
             lambda d: d.update(history=[{"step": {"index": 2, "title": "two"}, "files": {}}]),
             lambda d: d.update(history=[{"step": {"index": 1, "title": "one"}, "files": {}}] * 2),
+            # Fields that look right to a lax reader and would be recorded wrong.
+            lambda d: d["files"][0].update(size=999999),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["f", sha(b"a\n"), 5, 420, 0]}}]),
+            lambda d: d["task"].update(exclude="zq"),
+            lambda d: d.update(format=True),
+            lambda d: d.update(format=1.0),
+            lambda d: d["task"].update(task_id=d["task"]["task_id"] + "\n"),
         ]
         for n, change in enumerate(cases):
             with self.subTest(case=n):
                 res = srv.call("tc_import", root=self.root, package=edited(n, change))
                 self.assertTrue(res.is_error, res)
-                self.assertRegex(res.text, "malformed|twice|lacks")
+                self.assertRegex(res.text, "malformed|twice|lacks|gives|size its content"
+                                 "|format|exclude must be|not a valid task id")
                 self.assertFalse(os.path.exists(os.path.join(self.store, "tasks", "bad-%d" % n)))
                 self.assertFalse(os.path.exists(self.root + "/a.txt"))
         self.assertEqual([n for n in os.listdir(os.path.dirname(self.tmp))
                           if n.endswith("-escaped")], [])
+
+    def test_a_folder_that_is_no_package_is_named_so(self):
+        plain = os.path.join(self.tmp, "project")
+        write(plain, "src/a.py", "print(1)\n")
+        os.symlink("src/a.py", os.path.join(plain, "link.py"))
+        res = self.server().call("tc_import", root=self.root, package=plain)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("has no handoff.json", res.text)
 
     def test_malformed_package_step_is_a_tool_error(self):
         srv = self.server()
@@ -624,6 +641,27 @@ class StoreTests(WorkspaceTest):
             self.assertTrue(res.is_error, res)
             self.assertIn("store pointer", res.text)
         srv.ok("tc_show", root=self.root)
+
+    def test_an_export_into_a_store_is_refused(self):
+        self.write("a.txt", "one\n")
+        srv = self.server()
+        task_id = srv.ok("tc_init", root=self.root, name="exported")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        external = os.path.join(self.tmp, "shared-store")
+        other = os.path.join(self.tmp, "other")
+        write(other, "b.txt", "b\n")
+        srv.ok("tc_init", root=other, name="elsewhere", store=external)
+        for to in (self.store, os.path.join(self.store, "tasks"),
+                   os.path.join(self.store, "payload"), external,
+                   os.path.join(external, "tasks")):
+            with self.subTest(to=to):
+                res = srv.call("tc_export", root=self.root, to=to)
+                self.assertTrue(res.is_error, res)
+                self.assertIn("inside the checkpoint store", res.text)
+                self.assertFalse(os.path.exists(os.path.join(to, task_id + "-handoff")))
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        self.assertTrue(srv.ok("tc_export", root=self.root, to=out)["path"].startswith(out))
 
     def test_kernel_pseudo_file_systems_are_refused_as_workspaces(self):
         srv = self.server()
