@@ -5770,6 +5770,9 @@ class Checkpoints:
 
     def _restore_target(self, ws, state, index, drift_id):
         if index is not None:
+            if not state["last_step"]:
+                raise NotFound("task %r has no steps yet: tc_save records the first one"
+                               % ws.task_id)
             if index < 1 or index > state["last_step"]:
                 raise NotFound("task %r has no step %d (steps are 1..%d)"
                                % (ws.task_id, index, state["last_step"]))

@@ -577,6 +577,16 @@ class Refusals(RestoreTest):
         self.assertIn("99", res.text)
         self.assert_refused(("99", "step", "index"), index=99)
 
+    def test_a_task_without_steps_says_so(self):
+        srv = self.server()
+        other = os.path.join(self.tmp, "fresh")
+        write(other, "a.txt", "a\n")
+        srv.ok("tc_init", root=other, name="no steps yet")
+        res = srv.call("tc_restore", root=other, index=1)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("no steps yet", res.text)
+        self.assertNotIn("1..0", res.text)
+
     def test_unknown_and_malformed_drift_ids(self):
         self.assert_refused(("d9999", "drift"), drift_id="d9999", apply=True)
         for bad in ("../../etc", "d0001/../x", "", "d1 x", "d0001\n"):
