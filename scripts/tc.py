@@ -4419,8 +4419,11 @@ def load_package(package):
     """Parse and check a handoff package completely before anything is written."""
     if not os.path.isdir(package):
         raise InvalidArgument("package %r is not a directory made by tc_export" % package)
+    described = os.path.join(package, PACKAGE_DESCRIPTION)
+    if os.path.islink(described):
+        raise UnsafePath("the package contains a symlink %r; refusing it" % PACKAGE_DESCRIPTION)
     try:
-        desc = read_json(os.path.join(package, PACKAGE_DESCRIPTION))
+        desc = read_json(described)
     except FileNotFoundError:
         raise InvalidArgument("package %r has no %s; pass the directory tc_export returned"
                               % (package, PACKAGE_DESCRIPTION)) from None
@@ -5077,14 +5080,17 @@ class Checkpoints:
                 wanted.setdefault(entry[1], []).append(rel)
         changed, reads = False, snap.reads
         payloads = ws.store.payloads
-        gone = payloads.missing(wanted)
-        for sha in set(wanted) - set(gone):
-            if payloads.size(sha) != entries[wanted[sha][0]][2]:
+        gone = []
+        for sha, users in wanted.items():  # one stat each: there, and of the right size
+            size = payloads.size(sha)
+            if size is not None and size != entries[users[0]][2]:
                 # A stored copy of the wrong size is damaged: the file itself
                 # is the one good copy left, so it is stored again.
                 ws.store.log("stored content %s is damaged (wrong size); it is stored again "
-                             "from %r" % (sha, wanted[sha][0]))
+                             "from %r" % (sha, users[0]))
                 remove_file(payloads.path(sha))
+                size = None
+            if size is None:
                 gone.append(sha)
         for sha in gone:
             for rel in wanted[sha]:

@@ -134,6 +134,16 @@ class ImportTests(WorkspaceTest):
         self.assertTrue(res.is_error, res)
         self.assertIn("has no handoff.json", res.text)
 
+    def test_a_linked_package_description_is_refused_unread(self):
+        pkg = make_package(self.tmp, "linked-1", [("a.txt", b"a\n", 0o644)])
+        described = os.path.join(pkg, "handoff.json")
+        os.rename(described, os.path.join(self.tmp, "elsewhere.json"))
+        os.symlink(os.path.join(self.tmp, "elsewhere.json"), described)
+        res = self.server().call("tc_import", root=self.root, package=pkg)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("symlink", res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "a.txt")))
+
     def test_malformed_package_step_is_a_tool_error(self):
         srv = self.server()
         for n, step in enumerate(({"index": "1", "title": "x"}, {"title": "no index"},
