@@ -4769,6 +4769,7 @@ class Workspace:
         self.store = store
         self.task_id = task_id
         self.state = state
+        self.from_pointer = False  # the task is the root's active one, not a named one
         self._guard = False
 
     @property
@@ -4950,20 +4951,40 @@ class Checkpoints:
             with store.lock:
                 pass  # taking the lock rolls back what a dead process left half done
         ws = Workspace(root, store, task_id)
+        ws.from_pointer = task_id is None
         if ws.task_id is None and os.path.isdir(store.directory):
             ws.task_id = store.read_current().get(root)
         if ws.task_id is None:
             raise NotFound("no active task for %r: start one with tc_init" % root)
+        return self._read_task_state(ws, lenient)
+
+    @staticmethod
+    def _read_task_state(ws, lenient=False):
         try:
             ws.state = ws.records.read_state()
         except StoreCorrupt:
             if not lenient:
                 raise
+            ws.state = None
             return ws
-        if ws.state.get("root") != root:
+        if ws.state.get("root") != ws.root:
             raise InvalidArgument("task %r belongs to the workspace %r, not %r"
-                                  % (ws.task_id, ws.state.get("root"), root))
+                                  % (ws.task_id, ws.state.get("root"), ws.root))
         return ws
+
+    def _follow_active(self, ws, lenient=False):
+        """Under the store lock, for a call that named no task: the active task
+        is read again, so the call acts on the task active when it runs, not
+        the one active when it arrived (another server may have switched
+        meanwhile, and a save must never switch back)."""
+        if not ws.from_pointer:
+            return
+        active = ws.store.read_current().get(ws.root)
+        if active is None:
+            raise NotFound("no active task for %r: start one with tc_init" % ws.root)
+        if active != ws.task_id:
+            ws.task_id = active
+            self._read_task_state(ws, lenient)
 
     def _need_writable(self, ws):
         """Called inside the lock by every operation that writes the store."""
@@ -5335,6 +5356,7 @@ class Checkpoints:
             raise InvalidArgument("title must be a non-empty string")
         ws = self._workspace(root, task_id)
         with ws.store.lock:
+            self._follow_active(ws)
             self._need_writable(ws)
             if ws.records.read_state()["status"] == "closed":
                 raise TaskClosed("task %r is closed; it stays readable, start a new one with "
@@ -5496,6 +5518,7 @@ class Checkpoints:
     def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
         ws = self._workspace(root, task_id)
         with ws.store.lock:
+            self._follow_active(ws)
             state = ws.records.read_state()
             if index is not None:
                 step = ws.records.read_step(index)
@@ -5548,6 +5571,7 @@ class Checkpoints:
         ws = self._workspace(root, task_id, lenient=True)
         errors = []
         with ws.store.lock:
+            self._follow_active(ws, lenient=True)
             active = ws.store.read_current().get(ws.root)
             if ws.state is None:
                 return self._damaged_resume(ws, active)
@@ -5696,6 +5720,7 @@ class Checkpoints:
         # its own decision); a tool call captures what the watcher still waits on.
         waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
         with ws.store.lock:
+            self._follow_active(ws)
             self._need_writable(ws)
             state = ws.state = ws.records.read_state()
             if state["status"] == "closed":
@@ -5739,6 +5764,7 @@ class Checkpoints:
             validate_drift_id(drift_id)
         ws = self._workspace(root)
         with ws.store.lock:
+            self._follow_active(ws)
             state = ws.state = ws.records.read_state()
             if apply:
                 self._need_writable(ws)

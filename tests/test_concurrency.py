@@ -3,16 +3,21 @@
 Each server is a real `tc_mcp.py` process driven from its own thread. The
 store lock must serialise them: step numbers stay unique and contiguous,
 every record parses, every step's record belongs to the save that got its
-number, and a restore running next to saves corrupts nothing.
+number, and a restore running next to saves corrupts nothing. A call that
+names no task acts on the task active when it gets the lock.
 """
 
 import hashlib
 import json
 import os
+import sys
 import threading
 import unittest
 
-from support import WorkspaceTest, snapshot, store_problems, write
+from support import SCRIPTS, WorkspaceTest, snapshot, store_problems, write
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 SAVES_PER_SERVER = 20
 
@@ -153,6 +158,70 @@ class TwoServers(WorkspaceTest):
             self.assertEqual(now["base/f%02d.txt" % i][0], ("base one %d\n" % i).encode())
         self.assertNotIn("base/only-two.txt", now)
         self.check_store(checker)
+
+
+
+class SwitchWhileACallWaitsTests(WorkspaceTest):
+    """A call that names no task acts on the task active when it runs. Two
+    servers on one store: the second switches tasks after the first read the
+    active task but before it got the store lock (as when it waited behind a
+    long capture). Two core instances stand for the two processes here, so
+    that the switch lands at exactly that moment."""
+
+    def setUp(self):
+        super().setUp()
+        self.first = tc.Checkpoints(tc.Config(watch=False, git=False))
+        self.second = tc.Checkpoints(tc.Config(watch=False, git=False))
+        self.write("marker.txt", "one\n")
+        self.one = self.first.init(self.root, "one")["task_id"]
+        self.first.save(self.root, "one, first step")
+        self.write("marker.txt", "two\n")
+        self.two = self.first.init(self.root, "two")["task_id"]
+        self.first.save(self.root, "two, first step")
+        self.first.switch(self.root, self.one)
+
+    def switch_before_the_lock(self):
+        """The second server switches to task two right after the first one
+        resolved the workspace (read the active task) for its next call."""
+        real = self.first._workspace
+        done = []
+
+        def resolved_then_switched(*args, **kwargs):
+            ws = real(*args, **kwargs)
+            if not done:
+                done.append(True)
+                self.second.switch(self.root, self.two)
+            return ws
+
+        self.first._workspace = resolved_then_switched
+
+    def active(self):
+        with open(os.path.join(self.store, "current.json"), encoding="utf-8") as fh:
+            return json.load(fh)["active"][os.path.realpath(self.root)]
+
+    def test_a_save_records_into_the_task_switched_to_and_never_switches_back(self):
+        self.write("marker.txt", "later work\n")
+        self.switch_before_the_lock()
+        saved = self.first.save(self.root, "after the switch")
+        self.assertEqual(saved["task_id"], self.two)
+        self.assertFalse(saved["active_task_changed"])
+        self.assertEqual(saved["index"], 2)
+        self.assertEqual(self.active(), self.two)
+
+    def test_a_restore_restores_a_step_of_the_task_switched_to(self):
+        self.write("marker.txt", "unsaved\n")
+        self.switch_before_the_lock()
+        self.first.restore(self.root, index=1, apply=True)
+        self.assertEqual(self.read("marker.txt"), b"two\n")
+        self.assertEqual(self.active(), self.two)
+
+    def test_show_describes_the_task_switched_to(self):
+        self.switch_before_the_lock()
+        self.assertEqual(self.first.show(self.root)["steps"][0]["title"], "two, first step")
+
+    def test_resume_describes_the_task_switched_to(self):
+        self.switch_before_the_lock()
+        self.assertEqual(self.first.resume(self.root)["last"]["title"], "two, first step")
 
 
 if __name__ == "__main__":
