@@ -6113,14 +6113,13 @@ class Checkpoints:
         if store is not None:
             raise InvalidArgument("to %r is inside the checkpoint store %r; export to a folder "
                                   "outside it" % (to, store))
-        final = os.path.join(to, "%s-handoff" % ws.task_id)
-        if os.path.lexists(final):
-            raise AlreadyExists("a package %r already exists; move it away or export "
-                                "elsewhere" % final)
-        prefix = ".%s-handoff.tmp-" % ws.task_id
-        tmp = os.path.join(to, prefix + random_hex(4))
+        final, prefix, tmp = self._package_names(ws, to)
         try:
             with ws.store.lock:
+                task_id = ws.task_id
+                self._follow_active(ws)
+                if ws.task_id != task_id:  # another server switched tasks meanwhile
+                    final, prefix, tmp = self._package_names(ws, to)
                 # Under the lock, a temporary package of this task is a dead export's.
                 for name in os.listdir(to):
                     if name.startswith(prefix):
@@ -6137,6 +6136,17 @@ class Checkpoints:
             raise
         return {"path": final, "filtered": desc["filtered"],
                 "files": [f["path"] for f in desc["files"]]}
+
+    @staticmethod
+    def _package_names(ws, to):
+        """(final, temporary-name prefix, temporary path) of ws's package in to;
+        a package already there is refused."""
+        final = os.path.join(to, "%s-handoff" % ws.task_id)
+        if os.path.lexists(final):
+            raise AlreadyExists("a package %r already exists; move it away or export "
+                                "elsewhere" % final)
+        prefix = ".%s-handoff.tmp-" % ws.task_id
+        return final, prefix, os.path.join(to, prefix + random_hex(4))
 
     def _write_package(self, ws, tmp, history):
         state = ws.records.read_state()

@@ -215,6 +215,14 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
         self.assertEqual(self.read("marker.txt"), b"two\n")
         self.assertEqual(self.active(), self.two)
 
+    def test_an_export_packs_the_task_switched_to(self):
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        self.switch_before_the_lock()
+        package = self.first.export(self.root, out)["path"]
+        self.assertEqual(os.path.basename(package), self.two + "-handoff")
+        self.assertEqual(os.listdir(out), [self.two + "-handoff"])
+
     def test_show_describes_the_task_switched_to(self):
         self.switch_before_the_lock()
         self.assertEqual(self.first.show(self.root)["steps"][0]["title"], "two, first step")
