@@ -484,9 +484,10 @@ def remove_deep_tree(path):
             os.close(fd)
 
 
-def make_dirs(path):
+def make_dirs(path, mkdir=os.mkdir):
     """os.makedirs(path, exist_ok=True) without recursion: a workspace may
-    nest folders deeper than Python's recursion limit."""
+    nest folders deeper than Python's recursion limit. mkdir(folder) makes
+    one missing folder, parents first."""
     missing = []
     while not os.path.isdir(path):
         parent = os.path.dirname(path)
@@ -496,7 +497,7 @@ def make_dirs(path):
         path = parent
     for folder in reversed(missing):
         try:
-            os.mkdir(folder)
+            mkdir(folder)
         except FileExistsError:
             if not os.path.isdir(folder):
                 raise
@@ -1366,20 +1367,8 @@ def make_dirs_within(path, guard):
     its checked parent, never where a swapped folder points."""
     if guard is None:
         return make_dirs(path)
-    missing = []
-    while not os.path.isdir(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        missing.append(path)
-        path = parent
-    for folder in reversed(missing):
-        try:
-            at_parent_within(folder, guard, "it was not created",
-                             lambda name, dfd: os.mkdir(name, dir_fd=dfd))
-        except FileExistsError:
-            if not os.path.isdir(folder):
-                raise
+    return make_dirs(path, lambda folder: at_parent_within(
+        folder, guard, "it was not created", lambda name, dfd: os.mkdir(name, dir_fd=dfd)))
 
 
 def replace_within(tmp, full, guard):
