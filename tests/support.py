@@ -26,6 +26,40 @@ SCRIPTS = os.path.join(REPO, "scripts")
 # (tests/test_packaging.py and tests/test_npm.py start it the ways users do.)
 SERVER_COMMAND = (sys.executable, "-S", SERVER)
 
+
+def suite_temp_root():
+    """Where the suite's temporary folders go: TC_TEST_TMPDIR when set, else
+    Linux's memory file system /dev/shm when it is writable, lets programs
+    run and has room, else None (the system's temporary folder).
+
+    Why: the suite makes and deletes a few hundred thousand files. On ext4,
+    a file created soon after many deletions in the same block group makes
+    the inode allocator step over every inode freed in the last half minute,
+    and on a disk that costs the suite about a third of its time. The code
+    paths are the same on both (tmpfs is one of the file systems whose
+    syncfs the server trusts)."""
+    chosen = os.environ.get("TC_TEST_TMPDIR")
+    if chosen:
+        return chosen
+    shm = "/dev/shm"
+    if not sys.platform.startswith("linux") or not os.access(shm, os.W_OK | os.X_OK):
+        return None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+            rows = [line.split() for line in fh]
+        room = os.statvfs(shm)
+    except OSError:
+        return None
+    options = [row[3].split(",") for row in rows if len(row) > 3 and row[1] == shm]
+    if not options or "noexec" in options[-1]:
+        return None
+    if room.f_bavail * room.f_frsize < 2 << 30:  # a container's 64 MB /dev/shm: no
+        return None
+    return shm
+
+
+tempfile.tempdir = suite_temp_root()
+
 # Quiet defaults for tests: no watcher, no git unless a test asks for them.
 BASE_ENV = {
     "TC_WATCH": "off",
