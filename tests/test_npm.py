@@ -1,7 +1,8 @@
 """The npm launcher (npm/bin/*.js), run by the real `node` against the checkout.
 
 The launcher must answer --version and --help by itself, find a Python that
-can import tc_mcp (TC_PYTHON first, then python3/python on PATH), hand stdio
+can import tc_mcp (TC_PYTHON first, then python3/python on PATH, then the
+tc-mcp command a pipx install puts on PATH), hand stdio
 through to `python -m tc_mcp`, forward signals and the exit code, and, with no
 suitable Python, say how to install the server and exit 1 without a stack
 trace. Skipped when node is not installed.
@@ -204,6 +205,44 @@ class LauncherTest(unittest.TestCase):
         proc = self.run_launcher(["--exit", "7"], env)
         self.assertEqual(proc.returncode, 7, proc.stderr)
         self.assertIn("ignoring TC_PYTHON", proc.stderr.decode())
+
+    @unittest.skipIf(os.name == "nt", "a script with a #! line")
+    def test_a_pipx_install_is_found_through_its_command(self):
+        # pipx gives the package a Python of its own: no python3 on PATH can
+        # import tc_mcp, but its tc-mcp command is on PATH.
+        bindir = self.empty_dir("pipx-bin")
+        script = os.path.join(bindir, "tc-mcp")
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write("#!%s -S\nimport sys\nsys.path.insert(0, %r)\n"
+                     "from tc_mcp import main\nsys.exit(main())\n" % (sys.executable, SCRIPTS))
+        os.chmod(script, 0o755)
+        env = clean_env({"PYTHONPATH": None, "TC_PYTHON": None})
+        env["PATH"] = bindir
+        proc = self.run_launcher(["--skill-path"], env)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(os.path.realpath(proc.stdout.decode().strip()),
+                         os.path.realpath(os.path.join(REPO, "SKILL.md")))
+        message = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                              "clientInfo": {"name": "npm-test", "version": "0"}}}
+        proc = self.run_launcher([], env, input=(json.dumps(message) + "\n").encode())
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        reply = json.loads(proc.stdout.decode().splitlines()[0])
+        self.assertEqual(reply["result"]["serverInfo"]["name"], "task-checkpoint-mcp")
+
+    def test_a_command_of_that_name_that_is_not_the_server_is_passed_over(self):
+        bindir = self.empty_dir("other-bin")
+        script = os.path.join(bindir, "tc-mcp")
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write("#!/bin/sh\necho something else 1.0\n")
+        os.chmod(script, 0o755)
+        env = clean_env({"PYTHONPATH": None, "TC_PYTHON": None})
+        env["PATH"] = bindir
+        proc = self.run_launcher([], env, input=b"")
+        err = proc.stderr.decode()
+        self.assertEqual(proc.returncode, 1, err)
+        self.assertIn("tc-mcp on PATH: did not answer --version as task-checkpoint-mcp", err)
+        self.assertEqual(proc.stdout, b"")
 
     def test_exit_code_is_forwarded(self):
         env = clean_env({"PYTHONPATH": self.fake_module_dir(), "TC_PYTHON": sys.executable})

@@ -8,8 +8,10 @@
  * handed straight through, so the MCP frames never pass through Node.
  *
  * Interpreter search order: $TC_PYTHON, then python3 and python on PATH, then
- * (Windows only) the `py -3` launcher. `--version` and `--help` are answered
- * here and need no Python at all.
+ * (Windows only) the `py -3` launcher. When none of them has the package, the
+ * `tc-mcp` command on PATH is used, which is what `pipx install` provides: its
+ * Python lives in a virtual environment of its own. `--version` and `--help`
+ * are answered here and need no Python at all.
  */
 'use strict';
 
@@ -39,6 +41,9 @@ const PROBE = [
 // Python 3.11+ can leave the working directory off sys.path (-P) for the
 // server too; on 3.10 tc_mcp takes it off itself as it starts.
 const SAFE_PATH_PYTHON = [3, 11];
+// The console script the Python package installs (pipx puts it on PATH).
+const SERVER_COMMAND = 'tc-mcp';
+const SERVER_VERSION = /^task-checkpoint-mcp \d/;
 
 function helpText() {
   return [
@@ -59,6 +64,7 @@ function helpText() {
     '  1. TC_PYTHON          path or name of the interpreter to use',
     '  2. python3, python    on PATH',
     '  3. py -3              Windows only',
+    `  4. ${SERVER_COMMAND}             on PATH (a pipx install), run as it is`,
     '',
     'Server flags (answered by Python): --print-skill, --skill-path,',
     '  --install-skill DIR [--force]. Run `python -m tc_mcp --help` for the list.',
@@ -76,6 +82,8 @@ function candidates(env, platform) {
   if (platform === 'win32') {
     list.push({ command: 'py', prefix: ['-3'], label: 'py -3' });
   }
+  list.push({ command: SERVER_COMMAND, prefix: [], label: `${SERVER_COMMAND} on PATH`,
+              server: true });
   return list;
 }
 
@@ -91,8 +99,24 @@ function lastLine(text) {
   return lines[lines.length - 1] || '';
 }
 
+/** The installed server command: usable when it answers --version as itself. */
+function probeServer(candidate) {
+  const result = childProcess.spawnSync(
+    candidate.command, ['--version'],
+    { encoding: 'utf8', timeout: PROBE_TIMEOUT_MS, windowsHide: true,
+      stdio: ['ignore', 'pipe', 'pipe'] });
+  if (result.error) {
+    return result.error.code === 'ENOENT' ? 'not found' : `could not run (${result.error.code || result.error.message})`;
+  }
+  if (result.status !== 0 || !SERVER_VERSION.test(String(result.stdout || '').trim())) {
+    return `did not answer --version as ${PACKAGE.name} (${lastLine(result.stderr) || `exit ${result.status}`})`;
+  }
+  return null;
+}
+
 /** Returns null when the candidate is usable, otherwise a one-line reason. */
 function probe(candidate) {
+  if (candidate.server) return probeServer(candidate);
   const result = childProcess.spawnSync(
     candidate.command, [...candidate.prefix, '-c', PROBE],
     { encoding: 'utf8', timeout: PROBE_TIMEOUT_MS, windowsHide: true,
@@ -156,8 +180,9 @@ function exitLike(code, signal) {
 function run(candidate, args) {
   const safePath = candidate.version && versionAtLeast(candidate.version, SAFE_PATH_PYTHON)
     ? ['-P'] : [];
-  const child = childProcess.spawn(
-    candidate.command, [...candidate.prefix, ...safePath, '-m', 'tc_mcp', ...args],
+  const argv = candidate.server ? args
+    : [...candidate.prefix, ...safePath, '-m', 'tc_mcp', ...args];
+  const child = childProcess.spawn(candidate.command, argv,
     { stdio: 'inherit', windowsHide: true });
   for (const sig of FORWARDED_SIGNALS) {
     process.on(sig, () => {
