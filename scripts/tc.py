@@ -120,7 +120,15 @@ def parse_bool(value, default):
     return default
 
 
-def parse_seconds(value, default, *, minimum=0.05):
+# The TC_* variables Config reads: switches and seconds, by Config field.
+ENV_SWITCHES = (("TC_WATCH", "watch"), ("TC_WATCH_EVENTS", "watch_events"),
+                ("TC_GIT", "git"), ("TC_GIT_VERIFY", "git_verify"),
+                ("TC_SHA_REUSE", "sha_reuse"), ("TC_FULL_HASH", "full_hash"))
+ENV_SECONDS = (("TC_WATCH_INTERVAL", "watch_interval"), ("TC_DRIFT_MAX_WAIT", "drift_max_wait"))
+SECONDS_MINIMUM = 0.05
+
+
+def parse_seconds(value, default, *, minimum=SECONDS_MINIMUM):
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -128,6 +136,16 @@ def parse_seconds(value, default, *, minimum=0.05):
     if number != number or number < minimum:
         return default
     return number
+
+
+def threads_setting(value):
+    """TC_WORK_THREADS as a number of threads, 1 to 16; None when it is unset
+    or not such a number."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        return None
+    return number if 1 <= number <= 16 else None
 
 
 class Config(collections.namedtuple(
@@ -142,18 +160,37 @@ class Config(collections.namedtuple(
     @classmethod
     def from_env(cls, environ=None):
         env = os.environ if environ is None else environ
-        store = env.get("TC_STORE") or None
-        return cls(
-            store=store,
-            watch=parse_bool(env.get("TC_WATCH"), True),
-            watch_interval=parse_seconds(env.get("TC_WATCH_INTERVAL"), 15.0),
-            watch_events=parse_bool(env.get("TC_WATCH_EVENTS"), True),
-            drift_max_wait=parse_seconds(env.get("TC_DRIFT_MAX_WAIT"), 60.0),
-            git=parse_bool(env.get("TC_GIT"), True),
-            git_verify=parse_bool(env.get("TC_GIT_VERIFY"), True),
-            sha_reuse=parse_bool(env.get("TC_SHA_REUSE"), False),
-            full_hash=parse_bool(env.get("TC_FULL_HASH"), False),
-        )
+        defaults = cls._field_defaults
+        values = {"store": env.get("TC_STORE") or None}
+        for name, field in ENV_SWITCHES:
+            values[field] = parse_bool(env.get(name), defaults[field])
+        for name, field in ENV_SECONDS:
+            values[field] = parse_seconds(env.get(name), defaults[field])
+        return cls(**values)
+
+    @classmethod
+    def problems(cls, environ=None):
+        """One line for each TC_* variable set to a value it does not take,
+        naming the default used instead (an empty value counts as unset)."""
+        env = os.environ if environ is None else environ
+        defaults = cls._field_defaults
+        out = []
+        for name, field in ENV_SWITCHES:
+            value = env.get(name)
+            if value and value.strip() and parse_bool(value, None) is None:
+                out.append("%s=%r is not one of on/off, 1/0, true/false, yes/no; the "
+                           "default (%s) is used" % (name, value,
+                                                    "on" if defaults[field] else "off"))
+        for name, field in ENV_SECONDS:
+            value = env.get(name)
+            if value and value.strip() and parse_seconds(value, None) is None:
+                out.append("%s=%r is not a number of seconds of at least %g; the default "
+                           "(%g) is used" % (name, value, SECONDS_MINIMUM, defaults[field]))
+        value = env.get("TC_WORK_THREADS")
+        if value and value.strip() and threads_setting(value) is None:
+            out.append("TC_WORK_THREADS=%r is not a whole number from 1 to 16; the default "
+                       "(half the cores, at most 4) is used" % value)
+        return out
 
 
 # ---------------------------------------------------------------------------
@@ -329,13 +366,7 @@ def work_threads(value, cores):
     most of the per-file work is Python under the GIL, and the file system
     needs the other core. Each thread holds up to READ_WHOLE_LIMIT + CHUNK
     bytes at a time."""
-    try:
-        number = int(str(value).strip())
-        if 1 <= number <= 16:
-            return number
-    except ValueError:
-        pass
-    return max(1, min(4, (cores or 1) // 2))
+    return threads_setting(value) or max(1, min(4, (cores or 1) // 2))
 
 
 WORK_THREADS = work_threads(os.environ.get("TC_WORK_THREADS"), os.cpu_count())

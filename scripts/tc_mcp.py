@@ -1128,7 +1128,10 @@ def read_lines(instream, limit):
 def serve(instream, outstream, checkpoints=None, log=None):
     """Serve until instream ends. Streams are binary."""
     log = log or Logger()
-    checkpoints = checkpoints or tc.Checkpoints(tc.Config.from_env(), log=log)
+    if checkpoints is None:
+        for problem in tc.Config.problems():
+            log(problem)
+        checkpoints = tc.Checkpoints(tc.Config.from_env(), log=log)
     lock = threading.Lock()
 
     def send(message):
@@ -1167,11 +1170,14 @@ def serve(instream, outstream, checkpoints=None, log=None):
 # ---------------------------------------------------------------------------
 
 def skill_path():
-    """Where SKILL.md is: beside a checkout, beside this module, or in the wheel's data."""
+    """Where SKILL.md is: beside a checkout, beside this module, or in the
+    wheel's data (under the environment's prefix, the user base, or, for
+    `pip install --target DIR`, DIR itself)."""
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.path.join(os.path.dirname(here), "SKILL.md"),
                   os.path.join(here, "SKILL.md"),
-                  os.path.join(sys.prefix, "share", SERVER_NAME, "SKILL.md")]
+                  os.path.join(sys.prefix, "share", SERVER_NAME, "SKILL.md"),
+                  os.path.join(here, "share", SERVER_NAME, "SKILL.md")]
     user_base = getattr(__import__("site"), "USER_BASE", None)
     if user_base:
         candidates.append(os.path.join(user_base, "share", SERVER_NAME, "SKILL.md"))
@@ -1192,10 +1198,13 @@ def install_skill(directory, force):
     if os.path.exists(target) and not force:
         print("error: %s already exists; add --force to overwrite it" % target, file=sys.stderr)
         return 1
+    umask = os.umask(0o022)
+    os.umask(umask)
     try:
         os.makedirs(directory, exist_ok=True)
         with open(source, "rb") as fh:
             tc.atomic_write(target, fh.read())
+        os.chmod(target, 0o666 & ~umask)  # as cp would leave it, not the temp file's 0600
     except OSError as exc:
         print("error: cannot write %s: %s" % (target, tc.describe_os_error(exc)),
               file=sys.stderr)
@@ -1210,8 +1219,9 @@ def build_parser():
         prog="tc-mcp",
         description="task-checkpoint-mcp: checkpoints for long agent tasks, as a stdio MCP "
                     "server. With no option it serves MCP on stdin/stdout.",
-        epilog="Environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_DRIFT_MAX_WAIT, TC_GIT, "
-               "TC_GIT_VERIFY, TC_SHA_REUSE, TC_FULL_HASH.")
+        epilog="Environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_WATCH_EVENTS, "
+               "TC_DRIFT_MAX_WAIT, TC_GIT, TC_GIT_VERIFY, TC_SHA_REUSE, TC_FULL_HASH, "
+               "TC_WORK_THREADS (see the README).")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--print-skill", action="store_true", help="print SKILL.md and exit")
     parser.add_argument("--skill-path", action="store_true",
@@ -1228,6 +1238,9 @@ def main(argv=None):
     if not argv:
         return run_stdio()
     args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        print("tc-mcp: ignoring unrecognised argument(s): %s" % " ".join(unknown),
+              file=sys.stderr)
     if args.version:
         print("%s %s" % (SERVER_NAME, tc.__version__))
         return 0
@@ -1244,9 +1257,6 @@ def main(argv=None):
         return 0
     if args.install_skill:
         return install_skill(args.install_skill, args.force)
-    if unknown:
-        print("tc-mcp: ignoring unrecognised argument(s): %s" % " ".join(unknown),
-              file=sys.stderr)
     return run_stdio()
 
 

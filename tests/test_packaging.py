@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -596,6 +597,21 @@ class BuiltDistributionTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(normalize_newlines(proc.stdout), normalize_newlines(read_bytes("SKILL.md")))
 
+    def test_bundled_skill_is_found_after_an_install_into_a_folder(self):
+        target = os.path.join(self.tmp, "target")
+        proc = run([sys.executable, "-m", "pip", "install", "--target", target, "--no-deps",
+                    "--no-index", "--no-cache-dir", "--disable-pip-version-check",
+                    "--no-input", self.wheel], timeout=120)
+        if proc.returncode != 0 and "No module named pip" in proc.stderr:
+            self.skipTest("no pip for " + sys.executable)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        expected = os.path.join(target, "share", "task-checkpoint-mcp", "SKILL.md")
+        self.assertTrue(os.path.isfile(expected), os.listdir(target))
+        proc = run([sys.executable, "-m", "tc_mcp", "--skill-path"],
+                   env=clean_env({"PYTHONPATH": target}))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(os.path.realpath(proc.stdout.strip()), os.path.realpath(expected))
+
     def test_installed_server_speaks_mcp(self):
         workspace = os.path.join(self.tmp, "ws-serve")
         support.write(workspace, "notes.txt", "first draft\n")
@@ -636,6 +652,10 @@ class BuiltDistributionTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         with open(skill_file, "rb") as fh:
             self.assertEqual(normalize_newlines(fh.read()), normalize_newlines(read_bytes("SKILL.md")))
+        if os.name != "nt":  # readable by all, as cp would leave it (the umask is inherited)
+            umask = os.umask(0o022)
+            os.umask(umask)
+            self.assertEqual(stat.S_IMODE(os.stat(skill_file).st_mode), 0o666 & ~umask)
 
         with open(skill_file, "wb") as fh:
             fh.write(b"my local edits\n")

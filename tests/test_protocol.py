@@ -327,6 +327,41 @@ class EnvelopeRevisionTest(ProtocolTest):
         self.assertNotIn("resultType", reply["result"])
 
 
+class CommandLineTest(unittest.TestCase):
+    """What the server says on stderr about how it was started."""
+
+    def start(self, args=(), env=None):
+        ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+        proc = subprocess.run([*support.SERVER_COMMAND, *args], input=ping,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=support.clean_env(env), timeout=30)
+        return proc, proc.stderr.decode("utf-8", "replace")
+
+    def test_unrecognised_arguments_are_named_and_the_server_starts(self):
+        proc, err = self.start(["--stdio", "--bogus"])
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(json.loads(proc.stdout)["result"], {})
+        self.assertIn("ignoring unrecognised argument(s): --stdio --bogus", err)
+        proc, err = self.start(["--version", "--bogus"])
+        self.assertEqual(proc.stdout.decode().strip(), "task-checkpoint-mcp 0.1.0")
+        self.assertIn("ignoring unrecognised argument(s): --bogus", err)
+
+    def test_environment_values_it_does_not_take_are_named(self):
+        proc, err = self.start(env={"TC_GIT": "disabled", "TC_WATCH_INTERVAL": "abc",
+                                    "TC_WORK_THREADS": "32", "TC_SHA_REUSE": "YES",
+                                    "TC_DRIFT_MAX_WAIT": "", "TC_WATCH_EVENTS": "0"})
+        self.assertEqual(json.loads(proc.stdout)["result"], {})
+        self.assertIn("TC_GIT='disabled' is not one of on/off, 1/0, true/false, yes/no; "
+                      "the default (on) is used", err)
+        self.assertIn("TC_WATCH_INTERVAL='abc' is not a number of seconds of at least "
+                      "0.05; the default (15) is used", err)
+        self.assertIn("TC_WORK_THREADS='32' is not a whole number from 1 to 16", err)
+        for fine in ("TC_SHA_REUSE", "TC_DRIFT_MAX_WAIT", "TC_WATCH_EVENTS", "TC_WATCH="):
+            self.assertNotIn(fine, err)
+        proc, err = self.start()
+        self.assertEqual(err, "")
+
+
 class ToolsListTest(ProtocolTest):
     def test_exactly_the_ten_tools(self):
         srv = self.server()
