@@ -916,9 +916,12 @@ class Server:
                 return None  # a response to nothing we asked
             return error_response(msg_id if valid_id(msg_id) else None, INVALID_REQUEST,
                                   "a request needs a string 'method'")
-        if message.get("jsonrpc") != "2.0" or (has_id and not valid_id(msg_id)):
+        if message.get("jsonrpc") != "2.0":
             return error_response(msg_id if valid_id(msg_id) else None, INVALID_REQUEST,
                                   "not a JSON-RPC 2.0 request")
+        if has_id and not valid_id(msg_id):
+            return error_response(None, INVALID_REQUEST, "a request id must be a string or "
+                                  "an integer, not %s" % json.dumps(msg_id)[:40])
         params = message.get("params", {})
         handler = self.methods.get(method)
         if not has_id:
@@ -1017,7 +1020,11 @@ def envelope_result(method, result):
 
 
 def valid_id(value):
-    return value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
+    """What MCP takes as a request id: a string or an integer (a number with
+    no fraction), never null."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (str, int)) or (isinstance(value, float) and value.is_integer())
 
 
 def reject_constant(name):

@@ -136,6 +136,19 @@ class MessageHandlingTest(ProtocolTest):
         self.assert_error(reply, (-32600,), ids=(None, 10))
         self.assert_alive(self.srv)
 
+    def test_ids_mcp_does_not_allow_are_refused(self):
+        # MCP: a string or an integer, never null.
+        for raw in ("null", "1.5", "true", "[1]", '{"a": 1}'):
+            with self.subTest(id=raw):
+                reply = self.send_line(self.srv, '{"jsonrpc": "2.0", "id": %s, "method": '
+                                                 '"ping"}' % raw)
+                self.assert_error(reply, (-32600,))
+        for raw, echoed in (('"abc"', "abc"), ("-3", -3), ("7.0", 7)):
+            reply = self.send_line(self.srv, '{"jsonrpc": "2.0", "id": %s, "method": "ping"}'
+                                   % raw)
+            self.assertEqual((reply["id"], reply.get("result")), (echoed, {}), reply)
+        self.assert_alive(self.srv)
+
     def test_batch_is_refused(self):
         batch = json.dumps([{"jsonrpc": "2.0", "id": 11, "method": "ping"},
                             {"jsonrpc": "2.0", "id": 12, "method": "ping"}])
