@@ -4335,8 +4335,15 @@ PACKAGE_FORMAT = 1
 PACKAGE_DESCRIPTION = "handoff.json"
 
 
-def handoff_text(state, last, drift_paths):
-    """Plain text a person can paste into a new session."""
+def _path_list(paths, shown=20):
+    more = " (+%d more)" % (len(paths) - shown) if len(paths) > shown else ""
+    return (", ".join(paths[:shown]) + more) if paths else "none"
+
+
+def handoff_text(state, last, drift_paths, changed=None):
+    """Plain text a person can paste into a new session. changed: the paths
+    that differ from the current step, recorded or not; shown when the drift
+    layer recorded some of them (else it is the same list as drift_paths)."""
     lines = ["Task: %s" % state.get("name", "")]
     if state.get("goal"):
         lines.append("Goal: %s" % state["goal"])
@@ -4349,9 +4356,9 @@ def handoff_text(state, last, drift_paths):
         lines.append("Next step: %s" % (last.get("next") or "(not stated)"))
     else:
         lines.append("Current step: none saved yet")
-    shown = drift_paths[:20]
-    more = " (+%d more)" % (len(drift_paths) - 20) if len(drift_paths) > 20 else ""
-    lines.append("Not yet recorded: %s" % ((", ".join(shown) + more) if shown else "none"))
+    if last and changed and changed != drift_paths:
+        lines.append("Changed since step %d: %s" % (last["index"], _path_list(changed)))
+    lines.append("Not yet recorded: %s" % _path_list(drift_paths))
     return "\n".join(lines)
 
 
@@ -5597,8 +5604,11 @@ class Checkpoints:
                 return self._damaged_resume(ws, active)
             state = ws.state
             last = self._read_step_checked(ws, state["head"], errors)
+            errors_before = len(errors)
             index_doc = self._read_index_checked(ws, errors)
+            index_ok = len(errors) == errors_before
             errors.extend(self._health(ws, state))
+            recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
         try:
             scan = scan_tree(ws.root, self._policy(ws))
             drift_paths, skipped = self._drift_paths(scan, index_doc), scan.skipped
@@ -5613,10 +5623,34 @@ class Checkpoints:
                   "head": state["head"], "last": last_view,
                   "open_questions": (last or {}).get("open_questions", []),
                   "drift_paths": drift_paths, "next": next_step,
+                  "changed_since_step": sorted(set(recorded).union(drift_paths)),
                   "health": {"ok": not errors, "errors": errors},
                   "store": ws.store.directory, "active_task": active, "skipped": skipped}
-        result["handoff"] = handoff_text(state, last, drift_paths)
+        result["handoff"] = handoff_text(state, last, drift_paths,
+                                         result["changed_since_step"])
         return result
+
+    @staticmethod
+    def _recorded_since_step(ws, state, index_doc):
+        """The paths whose latest record differs from the head step: changes
+        the watcher or tc_capture recorded that no step holds yet. The latest
+        record is the manifest the state names for the index, else the index
+        itself (None: unreadable, and nothing is said)."""
+        head_no, latest_no = state.get("head_manifest", 0), state.get("index_manifest", 0)
+        if not state["head"] or not head_no or latest_no == head_no:
+            return []
+        try:
+            step_entries = ws.records.manifests.load(head_no)
+            if latest_no:
+                latest = ws.records.manifests.load(latest_no)
+            elif index_doc is not None:
+                latest = ws.records.index_entries(index_doc)
+            else:
+                return []
+        except CheckpointError:  # the head's manifest is among health.errors already
+            return []
+        added, modified, deleted = diff_maps(step_entries, latest)
+        return added + modified + deleted
 
     def _damaged_resume(self, ws, active):
         """What resume can say when the task's state file cannot be read."""
@@ -5624,7 +5658,7 @@ class Checkpoints:
         empty = {"title": "", "conclusion": "", "description": "", "next": ""}
         return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
                 "constraints": "", "head": 0, "last": empty, "open_questions": [],
-                "drift_paths": [], "next": "", "health": {"ok": False, "errors": errors},
+                "drift_paths": [], "changed_since_step": [], "next": "", "health": {"ok": False, "errors": errors},
                 "store": ws.store.directory, "active_task": active, "skipped": [],
                 "handoff": "Task %s: its state file is damaged; see health.errors" % ws.task_id}
 

@@ -254,14 +254,15 @@ TOOL_SPECS = {
                 "description": {"type": "string"}, "next": {"type": "string"}},
                 "required": ["title", "conclusion", "description", "next"]},
             "open_questions": STR_LIST, "drift_paths": STR_LIST, "next": {"type": "string"},
-            "handoff": {"type": "string"},
+            "changed_since_step": STR_LIST, "handoff": {"type": "string"},
             "health": {"type": "object", "properties": {
                 "ok": {"type": "boolean"}, "errors": STR_LIST}, "required": ["ok", "errors"]},
             "store": {"type": "string"}, "active_task": NULLABLE_STR, "skipped": SKIPPED,
             "task_id": {"type": "string"}, "name": {"type": "string"},
             "status": {"type": "string"}, "omitted": OMITTED},
             ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
-             "handoff", "health", "store", "active_task", "skipped", "omitted"]),
+             "changed_since_step", "handoff", "health", "store", "active_task", "skipped",
+             "omitted"]),
     },
     "tc_export": {
         "description": "Write a handoff package <task_id>-handoff/ into an existing directory: "
@@ -480,7 +481,7 @@ LONG_LISTS = {
     "tc_show": (),  # each listed drift's added, modified and deleted (steps come in pages)
     "tc_restore": ("skipped_paths", "plan.to_delete", "plan.to_write", "plan.to_replace",
                    "plan.unrestorable"),
-    "tc_resume": ("drift_paths", "skipped", "health.errors"),
+    "tc_resume": ("drift_paths", "changed_since_step", "skipped", "health.errors"),
     "tc_export": ("files", "filtered"),
 }
 DRIFT_LISTS = ("added", "modified", "deleted")

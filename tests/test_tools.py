@@ -761,7 +761,33 @@ class ResumeTest(ToolsTest):
                      "src/a.py", "src/new_file.py"):
             self.assertIn(text, handoff)
         self.assertRegex(handoff, r"(?<![0-9])2(?![0-9])", "the current step number")
+        self.assertEqual(res["changed_since_step"], res["drift_paths"])
+        self.assertNotIn("Changed since", handoff, "nothing was recorded since the step")
         self.assertEqual(res, self.ok("tc_resume", root=self.root, task_id=task))
+
+    def test_changes_recorded_since_the_step_stay_in_the_handoff(self):
+        # The watcher (here tc_capture) records edits as drift within seconds;
+        # the next session must still learn that no step holds them.
+        self.prepare()
+        self.ok("tc_capture", root=self.root)
+        self.write("src/b.py", "b = 2\n")
+        res = self.ok("tc_resume", root=self.root)
+        self.assertEqual(res["drift_paths"], ["src/b.py"])
+        since = ["src/a.py", "src/b.py", "src/gone.py", "src/new_file.py"]
+        self.assertEqual(res["changed_since_step"], since)
+        lines = res["handoff"].splitlines()
+        self.assertIn("Changed since step 2: " + ", ".join(since), lines)
+        self.assertEqual(lines[-1], "Not yet recorded: src/b.py")
+        self.assertEqual(self.ok("tc_resume", srv=self.server(), root=self.root), res)
+        self.save("Switched the views")
+        res = self.ok("tc_resume", root=self.root)
+        self.assertEqual((res["drift_paths"], res["changed_since_step"]), ([], []))
+        self.assertNotIn("Changed since", res["handoff"])
+        self.write("src/a.py", "a = 3\n")
+        self.ok("tc_capture", root=self.root)
+        self.ok("tc_restore", root=self.root, index=1, apply=True)
+        res = self.ok("tc_resume", root=self.root)
+        self.assertEqual((res["head"], res["changed_since_step"]), (1, []))
 
     def test_resume_before_any_step(self):
         task = self.init(name="Fresh task", goal="Get started")["task_id"]
@@ -846,7 +872,9 @@ class LongListTest(ToolsTest):
 
         resumed = self.ok("tc_resume", root=self.root)
         self.assertEqual(resumed["drift_paths"], names[:100])
+        self.assertEqual(resumed["changed_since_step"], names[:100])
         self.assertEqual(resumed["omitted"], {"drift_paths": self.FILES - 100,
+                                              "changed_since_step": self.FILES - 100,
                                               "skipped": self.LINKS - 100})
         self.assertIn("(+%d more)" % (self.FILES - 20), resumed["handoff"])
 
