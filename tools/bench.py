@@ -1202,6 +1202,23 @@ class Bench:
                 json.dump(doc, fh, indent=1, sort_keys=True)
                 fh.write("\n")
             self.say("raw numbers written to %s" % self.args.json)
+        if self.args.markdown:
+            with open(self.args.markdown, "w", encoding="utf-8") as fh:
+                fh.write(markdown_table(rows))
+            self.say("markdown table written to %s" % self.args.markdown)
+
+
+def markdown_table(rows):
+    """The timed rows as a Markdown table (the README's performance section)."""
+    out = ["| workspace | operation | ms | floor | floor ms | ratio | target | result |",
+           "|---|---|---:|---|---:|---:|---:|---|"]
+    for row in rows:
+        target = row.get("target_ratio")
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            row["workspace"], row["operation"], fmt_ms(row.get("ms")), row.get("floor", "-"),
+            fmt_ms(row.get("floor_ms")), fmt_ratio(row.get("ratio")),
+            "-" if target is None else "%.2f" % target, row.get("verdict", "-")))
+    return "\n".join(out) + "\n"
 
 
 def fmt_ms(value):
@@ -1220,6 +1237,8 @@ def parse_args(argv=None):
     parser.add_argument("--size", choices=("quick", "full"), default="quick",
                         help="quick: small, medium, git (default); full: adds large")
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers to PATH")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="write the table in Markdown to PATH (as in the README)")
     parser.add_argument("--workdir", metavar="DIR",
                         help="generate workspaces here (an empty or new directory; kept)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary workdir")
