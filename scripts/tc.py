@@ -5633,18 +5633,21 @@ class Checkpoints:
     @staticmethod
     def _recorded_since_step(ws, state, index_doc):
         """The paths whose latest record differs from the head step: changes
-        the watcher or tc_capture recorded that no step holds yet. The latest
-        record is the manifest the state names for the index, else the index
-        itself (None: unreadable, and nothing is said)."""
+        the watcher or tc_capture recorded that no step holds yet. The
+        latest record is read from the index (index_doc, already in memory),
+        or from the manifest the state names when the index cannot be read
+        (index_doc None). An index left behind by a failed write can only
+        miss changes that drift_paths, compared against the same index,
+        then names."""
         head_no, latest_no = state.get("head_manifest", 0), state.get("index_manifest", 0)
         if not state["head"] or not head_no or latest_no == head_no:
             return []
         try:
             step_entries = ws.records.manifests.load(head_no)
-            if latest_no:
-                latest = ws.records.manifests.load(latest_no)
-            elif index_doc is not None:
+            if index_doc is not None:
                 latest = ws.records.index_entries(index_doc)
+            elif latest_no:
+                latest = ws.records.manifests.load(latest_no)
             else:
                 return []
         except CheckpointError:  # the head's manifest is among health.errors already
