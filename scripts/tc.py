@@ -126,6 +126,7 @@ ENV_SWITCHES = (("TC_WATCH", "watch"), ("TC_WATCH_EVENTS", "watch_events"),
                 ("TC_SHA_REUSE", "sha_reuse"), ("TC_FULL_HASH", "full_hash"))
 ENV_SECONDS = (("TC_WATCH_INTERVAL", "watch_interval"), ("TC_DRIFT_MAX_WAIT", "drift_max_wait"))
 SECONDS_MINIMUM = 0.05
+SECONDS_MAXIMUM = 366 * 86400  # a year; far below what a thread's wait accepts
 
 
 def parse_seconds(value, default, *, minimum=SECONDS_MINIMUM):
@@ -133,7 +134,7 @@ def parse_seconds(value, default, *, minimum=SECONDS_MINIMUM):
         number = float(value)
     except (TypeError, ValueError):
         return default
-    if number != number or number < minimum:
+    if not minimum <= number <= SECONDS_MAXIMUM:  # NaN and infinities fail too
         return default
     return number
 
@@ -184,8 +185,9 @@ class Config(collections.namedtuple(
         for name, field in ENV_SECONDS:
             value = env.get(name)
             if value and value.strip() and parse_seconds(value, None) is None:
-                out.append("%s=%r is not a number of seconds of at least %g; the default "
-                           "(%g) is used" % (name, value, SECONDS_MINIMUM, defaults[field]))
+                out.append("%s=%r is not a number of seconds from %g to %d; the default "
+                           "(%g) is used" % (name, value, SECONDS_MINIMUM, SECONDS_MAXIMUM,
+                                             defaults[field]))
         value = env.get("TC_WORK_THREADS")
         if value and value.strip() and threads_setting(value) is None:
             out.append("TC_WORK_THREADS=%r is not a whole number from 1 to 16; the default "
@@ -5599,6 +5601,9 @@ class Checkpoints:
         errors = []
         with ws.store.lock:
             self._follow_active(ws, lenient=True)
+            # The state as of the lock: a save or capture that held it while
+            # this call waited has moved it, and the index read below with it.
+            self._read_task_state(ws, lenient=True)
             active = ws.store.read_current().get(ws.root)
             if ws.state is None:
                 return self._damaged_resume(ws, active)

@@ -1212,7 +1212,10 @@ def install_skill(directory, force):
         os.makedirs(directory, exist_ok=True)
         with open(source, "rb") as fh:
             tc.atomic_write(target, fh.read())
-        os.chmod(target, 0o666 & ~umask)  # as cp would leave it, not the temp file's 0600
+        try:  # as cp would leave it, not the temp file's 0600; some mounts refuse
+            os.chmod(target, 0o666 & ~umask)
+        except OSError:
+            pass
     except OSError as exc:
         print("error: cannot write %s: %s" % (target, tc.describe_os_error(exc)),
               file=sys.stderr)

@@ -40,6 +40,7 @@ def suite_temp_root():
     syncfs the server trusts)."""
     chosen = os.environ.get("TC_TEST_TMPDIR")
     if chosen:
+        os.makedirs(chosen, exist_ok=True)
         return chosen
     shm = "/dev/shm"
     if not sys.platform.startswith("linux") or not os.access(shm, os.W_OK | os.X_OK):

@@ -180,20 +180,23 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
         self.first.save(self.root, "two, first step")
         self.first.switch(self.root, self.one)
 
-    def switch_before_the_lock(self):
-        """The second server switches to task two right after the first one
-        resolved the workspace (read the active task) for its next call."""
+    def before_the_lock(self, action):
+        """The second server runs action right after the first one resolved
+        the workspace (read the active task and its state) for its next call."""
         real = self.first._workspace
         done = []
 
-        def resolved_then_switched(*args, **kwargs):
+        def resolved_then_acted(*args, **kwargs):
             ws = real(*args, **kwargs)
             if not done:
                 done.append(True)
-                self.second.switch(self.root, self.two)
+                action()
             return ws
 
-        self.first._workspace = resolved_then_switched
+        self.first._workspace = resolved_then_acted
+
+    def switch_before_the_lock(self):
+        self.before_the_lock(lambda: self.second.switch(self.root, self.two))
 
     def active(self):
         with open(os.path.join(self.store, "current.json"), encoding="utf-8") as fh:
@@ -230,6 +233,19 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
     def test_resume_describes_the_task_switched_to(self):
         self.switch_before_the_lock()
         self.assertEqual(self.first.resume(self.root)["last"]["title"], "two, first step")
+
+    def test_resume_sees_a_capture_or_save_made_while_it_waited(self):
+        self.write("marker.txt", "edited\n")
+        self.before_the_lock(lambda: self.second.capture(self.root))
+        resumed = self.first.resume(self.root)
+        self.assertEqual((resumed["drift_paths"], resumed["changed_since_step"]),
+                         ([], ["marker.txt"]))
+        self.write("marker.txt", "edited again\n")
+        self.first = tc.Checkpoints(tc.Config(watch=False, git=False))
+        self.before_the_lock(lambda: self.second.save(self.root, "one, second step"))
+        resumed = self.first.resume(self.root)
+        self.assertEqual((resumed["head"], resumed["last"]["title"]), (2, "one, second step"))
+        self.assertEqual(resumed["changed_since_step"], [])
 
 
 if __name__ == "__main__":

@@ -143,10 +143,11 @@ class MessageHandlingTest(ProtocolTest):
                 reply = self.send_line(self.srv, '{"jsonrpc": "2.0", "id": %s, "method": '
                                                  '"ping"}' % raw)
                 self.assert_error(reply, (-32600,))
-        for raw, echoed in (('"abc"', "abc"), ("-3", -3), ("7.0", 7)):
+        for raw, echoed in (('"abc"', "abc"), ("-3", -3), ("7.0", 7.0)):
             reply = self.send_line(self.srv, '{"jsonrpc": "2.0", "id": %s, "method": "ping"}'
                                    % raw)
-            self.assertEqual((reply["id"], reply.get("result")), (echoed, {}), reply)
+            self.assertEqual((type(reply["id"]), reply["id"], reply.get("result")),
+                             (type(echoed), echoed, {}), reply)
         self.assert_alive(self.srv)
 
     def test_batch_is_refused(self):
@@ -366,11 +367,16 @@ class CommandLineTest(unittest.TestCase):
         self.assertEqual(json.loads(proc.stdout)["result"], {})
         self.assertIn("TC_GIT='disabled' is not one of on/off, 1/0, true/false, yes/no; "
                       "the default (on) is used", err)
-        self.assertIn("TC_WATCH_INTERVAL='abc' is not a number of seconds of at least "
-                      "0.05; the default (15) is used", err)
+        self.assertIn("TC_WATCH_INTERVAL='abc' is not a number of seconds from 0.05 to "
+                      "31622400; the default (15) is used", err)
         self.assertIn("TC_WORK_THREADS='32' is not a whole number from 1 to 16", err)
         for fine in ("TC_SHA_REUSE", "TC_DRIFT_MAX_WAIT", "TC_WATCH_EVENTS", "TC_WATCH="):
             self.assertNotIn(fine, err)
+        # A wait that long would stop the watcher thread with an OverflowError.
+        proc, err = self.start(env={"TC_WATCH": "on", "TC_WATCH_INTERVAL": "inf"})
+        self.assertEqual(json.loads(proc.stdout)["result"], {})
+        self.assertIn("TC_WATCH_INTERVAL='inf' is not a number of seconds", err)
+        self.assertNotIn("Traceback", err)
         proc, err = self.start()
         self.assertEqual(err, "")
 
