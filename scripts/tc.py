@@ -4364,7 +4364,9 @@ def handoff_text(state, last, drift_paths, changed=None):
     return "\n".join(lines)
 
 
-def handoff_markdown(desc):
+def handoff_markdown(desc, left_out=()):
+    """HANDOFF.md of a package; left_out: the paths that had changed in the
+    sender's workspace since the packed step, so are not in the package."""
     task, step = desc["task"], desc.get("step") or {}
     out = ["# Handoff: %s" % task["name"], "",
            "You are taking over a task that was checkpointed with task-checkpoint-mcp. "
@@ -4382,6 +4384,13 @@ def handoff_markdown(desc):
     if desc["filtered"]:
         out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]
         out += ["- `%s` (%s)" % (f["path"], f["reason"]) for f in desc["filtered"]]
+    if left_out:
+        out += ["", "Changed in the sender's workspace after this step, so not in this "
+                "package (%d; ask the sender to save and export again if you need them):"
+                % len(left_out)]
+        out += ["- `%s`" % path for path in left_out[:100]]
+        if len(left_out) > 100:
+            out.append("- ... and %d more" % (len(left_out) - 100))
     out += ["", "## Continue", "",
             "Call `tc_import` with `root` set to your workspace and `package` set to this "
             "directory, then `tc_resume`, and carry on from the next step above.", ""]
@@ -5620,6 +5629,7 @@ class Checkpoints:
         except OSError as exc:  # the progress is still worth giving
             drift_paths, skipped = [], [{"path": ".", "reason": "unreadable directory: %s"
                                          % (exc.strerror or exc.__class__.__name__)}]
+        changed = sorted(set(recorded).union(drift_paths))
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
                                                           "next")}
         next_step = last_view["next"]
@@ -5628,12 +5638,25 @@ class Checkpoints:
                   "head": state["head"], "last": last_view,
                   "open_questions": (last or {}).get("open_questions", []),
                   "drift_paths": drift_paths, "next": next_step,
-                  "changed_since_step": sorted(set(recorded).union(drift_paths)),
+                  "changed_since_step": changed,
                   "health": {"ok": not errors, "errors": errors},
                   "store": ws.store.directory, "active_task": active, "skipped": skipped}
-        result["handoff"] = handoff_text(state, last, drift_paths,
-                                         result["changed_since_step"])
+        result["handoff"] = handoff_text(state, last, drift_paths, changed)
         return result
+
+    def _not_in_package(self, ws, state):
+        """Under the store lock, for an export: the paths whose files differ
+        from what the package holds (the head step, else the latest record),
+        the same list tc_resume gives as changed_since_step. Empty when the
+        workspace cannot be read: the export does not depend on it."""
+        errors = []
+        index_doc = self._read_index_checked(ws, errors)
+        try:
+            drift_paths = self._drift_paths(scan_tree(ws.root, self._policy(ws)), index_doc)
+        except OSError:
+            return []
+        recorded = self._recorded_since_step(ws, state, None if errors else index_doc)
+        return sorted(set(recorded).union(drift_paths))
 
     @staticmethod
     def _recorded_since_step(ws, state, index_doc):
@@ -6186,7 +6209,9 @@ class Checkpoints:
                 for name in os.listdir(to):
                     if name.startswith(prefix):
                         remove_tree(os.path.join(to, name))
-                desc = self._write_package(ws, tmp, history)
+                state = ws.records.read_state()
+                left_out = self._not_in_package(ws, state)
+                desc = self._write_package(ws, state, tmp, history, left_out)
                 if os.path.lexists(final):
                     raise AlreadyExists("a package %r already exists; move it away or "
                                         "export elsewhere" % final)
@@ -6197,7 +6222,7 @@ class Checkpoints:
                 raise CheckpointError("export to %r failed: %s" % (to, describe_os_error(exc))) from None
             raise
         return {"path": final, "filtered": desc["filtered"],
-                "files": [f["path"] for f in desc["files"]]}
+                "files": [f["path"] for f in desc["files"]], "changed_since_step": left_out}
 
     @staticmethod
     def _package_names(ws, to):
@@ -6210,8 +6235,7 @@ class Checkpoints:
         prefix = ".%s-handoff.tmp-" % ws.task_id
         return final, prefix, os.path.join(to, prefix + random_hex(4))
 
-    def _write_package(self, ws, tmp, history):
-        state = ws.records.read_state()
+    def _write_package(self, ws, state, tmp, history, left_out):
         step = ws.records.read_step(state["head"]) if state["head"] else None
         manifest_no = step["manifest"] if step else state.get("index_manifest", 0)
         entries = ws.records.manifests.load(manifest_no)
@@ -6225,7 +6249,8 @@ class Checkpoints:
         if history:
             desc["history"] = self._export_history(ws, os.path.join(tmp, "history"))
         write_json(os.path.join(tmp, PACKAGE_DESCRIPTION), desc)
-        atomic_write(os.path.join(tmp, "HANDOFF.md"), handoff_markdown(desc).encode("utf-8"))
+        text = handoff_markdown(desc, left_out)
+        atomic_write(os.path.join(tmp, "HANDOFF.md"), text.encode("utf-8"))
         return desc
 
     def _export_files(self, ws, entries, directory):

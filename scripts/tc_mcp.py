@@ -267,7 +267,9 @@ TOOL_SPECS = {
     "tc_export": {
         "description": "Write a handoff package <task_id>-handoff/ into an existing directory: "
                        "HANDOFF.md, a description and the current step's files (sensitive "
-                       "files left out). history: true adds every step.",
+                       "files left out). history: true adds every step. changed_since_step "
+                       "lists files changed after that step, which the package lacks: save "
+                       "first to include them.",
         "input": s_obj({
             "root": ROOT,
             "to": s_str("Absolute path of an existing directory.", max_length=PATH_LIMIT,
@@ -275,7 +277,7 @@ TOOL_SPECS = {
             "history": s_bool("Include every step so the receiver can restore any of them."),
         }, ["root", "to"]),
         "output": s_out({"path": {"type": "string"}, "filtered": SKIPPED, "files": STR_LIST,
-                         "omitted": OMITTED}),
+                         "changed_since_step": STR_LIST, "omitted": OMITTED}),
     },
     "tc_import": {
         "description": "Continue a task from a handoff package in this workspace: checks the "
@@ -482,7 +484,7 @@ LONG_LISTS = {
     "tc_restore": ("skipped_paths", "plan.to_delete", "plan.to_write", "plan.to_replace",
                    "plan.unrestorable"),
     "tc_resume": ("drift_paths", "changed_since_step", "skipped", "health.errors"),
-    "tc_export": ("files", "filtered"),
+    "tc_export": ("files", "filtered", "changed_since_step"),
 }
 DRIFT_LISTS = ("added", "modified", "deleted")
 

@@ -254,6 +254,26 @@ class ExportImportTest(HandoffBase):
         dst.ok("tc_restore", root=target, index=there["head"], apply=True)
         self.assertEqual(file_bytes(target), files)
 
+    def test_export_names_the_changes_the_package_lacks(self):
+        srv = self.server()
+        _task, files = self.make_source(srv)
+        clean = self.export(srv)
+        self.assertEqual(clean["changed_since_step"], [])
+        with open(os.path.join(clean["path"], "HANDOFF.md"), encoding="utf-8") as fh:
+            self.assertNotIn("not in this package", fh.read())
+        self.write("src/app.py", "print('edited, then captured')\n")
+        srv.ok("tc_capture", root=self.root)
+        self.write("src/new.py", "x = 1\n")
+        res = self.export(srv)
+        self.assertEqual(res["changed_since_step"], ["src/app.py", "src/new.py"])
+        self.assertEqual(entry_paths(res["files"]), set(files))
+        with open(content_copy(res["path"], "src/app.py"), "rb") as fh:
+            self.assertEqual(fh.read(), files["src/app.py"], "the package holds the step")
+        with open(os.path.join(res["path"], "HANDOFF.md"), encoding="utf-8") as fh:
+            handoff = fh.read()
+        self.assertIn("so not in this package (2;", handoff)
+        self.assertIn("- `src/app.py`\n- `src/new.py`\n", handoff)
+
     def test_export_destination_must_be_an_existing_absolute_directory(self):
         srv = self.server(cwd=self.tmp)
         self.make_source(srv)
