@@ -66,6 +66,9 @@ LOCK_TIMEOUT = 120.0
 # clock tick, so the next save re-reads them.
 RACY_MARGIN_NS = 1_000_000_000
 STAT_CACHE_SUPPORTED = os.name == "posix"
+# Where files behave as on Windows (no replacing or deleting a file that is
+# open or read-only, flushes only through a writable handle).
+WINDOWS = os.name == "nt"
 
 ALWAYS_EXCLUDED = (
     ".git", STORE_DIRNAME, POINTER_NAME, ".branches", ".history", "backup*",
@@ -305,13 +308,26 @@ FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EOPNOTSUPP,
                      getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
+def open_to_flush(path):
+    """A descriptor that can fsync path. Windows flushes a file only through
+    a handle that may write to it (a read-only one fails with EBADF, which
+    counts as "cannot be flushed"); a read-only file is flushed as well as
+    Windows then allows."""
+    if WINDOWS:
+        try:
+            return os.open(path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+        except PermissionError:
+            pass
+    return os.open(path, os.O_RDONLY)
+
+
 def fsync_path(path, *, strict=False):
     """fsync a file or (on POSIX) a directory by name; best effort, unless
     strict: then a failed fsync raises (the bytes may never reach the disk,
     and a kernel reports that only once), except where the file system
     cannot fsync that kind of file at all. A path already gone is skipped."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_to_flush(path)
     except FileNotFoundError:
         return
     except OSError:
@@ -536,6 +552,20 @@ def make_dirs(path, mkdir=os.mkdir):
                 raise
 
 
+def replace_record(tmp, path):
+    """os.replace of a store record. On Windows a file that another process
+    has open cannot be replaced, and the readers of current.json, a state or
+    an index take no lock (nor does a virus scanner): the rename is tried
+    again for about three seconds."""
+    if WINDOWS:
+        for delay in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.5, 0.5):
+            try:
+                return os.replace(tmp, path)
+            except PermissionError:
+                time.sleep(delay)
+    return os.replace(tmp, path)
+
+
 def atomic_write(path, data, *, durable=True):
     """Write bytes (or an iterable of byte strings) to path through a unique
     temp file and a rename.
@@ -559,7 +589,7 @@ def atomic_write(path, data, *, durable=True):
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        replace_record(tmp, path)
     except BaseException as exc:
         try:
             os.unlink(tmp)
@@ -683,10 +713,22 @@ def read_json_or(path, default):
         return default
 
 
+def writable_to_remove(path):
+    """Windows refuses to delete a read-only file or to rename another file
+    over it: clear that flag of a file about to go. Nothing elsewhere (there
+    the folder's permissions decide)."""
+    if WINDOWS:
+        try:
+            os.chmod(path, stat_mod.S_IREAD | stat_mod.S_IWRITE)
+        except OSError:
+            pass
+
+
 def remove_file(path):
     """Unlink path: True when it was there, False when it was not. A read-only
     file system refuses even to unlink a missing name (EROFS, not ENOENT), so
     a refusal counts as done when nothing is there."""
+    writable_to_remove(path)
     try:
         os.unlink(path)
         return True
@@ -1375,6 +1417,8 @@ def remove_within(path, guard):
         return remove_file(path)
 
     def unlink(name, dfd):
+        if dfd is None:
+            writable_to_remove(name)
         try:
             os.unlink(name, dir_fd=dfd)
             return True
@@ -1408,11 +1452,17 @@ def replace_within(tmp, full, guard):
     """os.replace(tmp, full) for two names in one workspace folder, through
     that folder once it is checked."""
     if guard is None:
+        writable_to_remove(full)
         return os.replace(tmp, full)
     assert os.path.dirname(tmp) == os.path.dirname(full)
-    at_parent_within(full, guard, "nothing was replaced",
-                     lambda name, dfd: os.replace(tmp if dfd is None else os.path.basename(tmp),
-                                                  name, src_dir_fd=dfd, dst_dir_fd=dfd))
+
+    def replace(name, dfd):
+        if dfd is None:
+            writable_to_remove(name)
+            return os.replace(tmp, name)
+        return os.replace(os.path.basename(tmp), name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    at_parent_within(full, guard, "nothing was replaced", replace)
 
 
 def replace_through(tmp, full, name, guard, fill):
@@ -2565,7 +2615,7 @@ class TaskRecords:
         staged = stage_record(self.state_path, state)
         try:
             flush([staged])
-            os.replace(staged, self.state_path)
+            replace_record(staged, self.state_path)
         except BaseException as exc:
             remove_file(staged)
             if isinstance(exc, OSError) and exc.filename == staged:
@@ -3002,12 +3052,18 @@ def remove_empty_dir(path):
 # 9b. Restore planning: pure decisions about which files a restore touches
 # ---------------------------------------------------------------------------
 
+# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
+# there a recorded mode is compared by its owner-write bit alone: a package
+# made on Linux does not read as changed on every file.
+MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
+
+
 def same_content(have, want):
     if have[0] != want[0]:
         return False
     if have[0] == KIND_SENSITIVE:
         return have[2] == want[2] and have[4] == want[4]
-    return have[1] == want[1] and have[3] == want[3]
+    return have[1] == want[1] and not (have[3] ^ want[3]) & MODE_BITS_COMPARED
 
 
 def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):

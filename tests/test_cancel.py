@@ -8,7 +8,6 @@ export, to show that each one stops part-way and leaves nothing recorded,
 with what a restore or an import had already written rolled back.
 """
 
-import fcntl
 import json
 import os
 import sys
@@ -21,6 +20,11 @@ from support import WorkspaceTest, snapshot, store_problems, write
 
 sys.path.insert(0, support.SCRIPTS)
 import tc  # noqa: E402
+
+try:
+    import fcntl
+except ImportError:  # Windows: the lock tests below skip without /proc anyway
+    fcntl = None
 
 HAS_PROC_FD = os.path.isdir("/proc/self/fd")
 
