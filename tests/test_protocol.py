@@ -249,7 +249,10 @@ class MessageHandlingTest(ProtocolTest):
         self.assertIn("64 MiB", reply["error"]["message"])
         pong = self.srv.request("ping", {})
         self.assertEqual(pong.get("result"), {}, pong)
-        with open("/proc/%d/status" % self.srv.proc.pid) as fh:
+        status = "/proc/%d/status" % self.srv.proc.pid
+        if not os.path.exists(status):
+            return  # no /proc (macOS, Windows): the memory is not measured there
+        with open(status) as fh:
             peak = [line for line in fh if line.startswith("VmHWM")]
         if peak:  # the line was never held whole
             self.assertLess(int(peak[0].split()[1]), 200 * 1024, peak[0])
