@@ -60,6 +60,9 @@ MAX_CONTENT_BYTES = 100 * 1024 * 1024
 ANCHOR_EVERY = 20
 READ_WHOLE_LIMIT = 1 << 20
 CHUNK = 1 << 20
+# A file a restore or import writes in more than one write (over this size)
+# is read once more by the next scan instead of being trusted by its stat.
+WRITTEN_TRUST_LIMIT = CHUNK
 LOCK_TIMEOUT = 120.0
 # Files whose mtime or ctime is this close to the moment the index was taken
 # are "racily clean": their stat may not reflect a change made in the same
@@ -4393,9 +4396,22 @@ PACKAGE_FORMAT = 1
 PACKAGE_DESCRIPTION = "handoff.json"
 
 
+# Characters that would start a new line (or hide text) in a handoff: a file
+# name can hold them, and must not forge a line such as "Next step: ...".
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def shown_path(path):
+    """path for a text a person or a model reads: control characters and
+    line separators written as escapes (\\n, \\u001b, \\u2028)."""
+    if not _UNPRINTABLE.search(path):
+        return path
+    return _UNPRINTABLE.sub(lambda m: json.dumps(m.group())[1:-1], path)
+
+
 def _path_list(paths, shown=20):
     more = " (+%d more)" % (len(paths) - shown) if len(paths) > shown else ""
-    return (", ".join(paths[:shown]) + more) if paths else "none"
+    return (", ".join(map(shown_path, paths[:shown])) + more) if paths else "none"
 
 
 def handoff_text(state, last, drift_paths, changed=None):
@@ -4439,12 +4455,12 @@ def handoff_markdown(desc, left_out=()):
     out += ["", "## Files", "", "%d file(s) are included." % len(desc["files"])]
     if desc["filtered"]:
         out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]
-        out += ["- `%s` (%s)" % (f["path"], f["reason"]) for f in desc["filtered"]]
+        out += ["- `%s` (%s)" % (shown_path(f["path"]), f["reason"]) for f in desc["filtered"]]
     if left_out:
         out += ["", "Changed in the sender's workspace after this step, so not in this "
                 "package (%d; ask the sender to save and export again if you need them):"
                 % len(left_out)]
-        out += ["- `%s`" % path for path in left_out[:100]]
+        out += ["- `%s`" % shown_path(path) for path in left_out[:100]]
         if len(left_out) > 100:
             out.append("- ... and %d more" % (len(left_out) - 100))
     out += ["", "## Continue", "",
@@ -6074,11 +6090,17 @@ class Checkpoints:
         back. A row the scan before the writes could not trust (a time at or
         after scanned_ns, the stamp of that scan) must not turn trusted under
         the later stamp: its ctime becomes one no file has, so the next scan
-        reads that file."""
+        reads that file. So does the row of a written file over
+        WRITTEN_TRUST_LIMIT bytes: it took several writes, and another
+        program writing it meanwhile would leave bytes that are neither the
+        stored content nor its own, under the stat of our last write."""
         stamp = ws.store.clock_stamp(ws.root)
         settled = {}
         for rel, row in rows.items():
-            if rel not in written and (row[1] >= scanned_ns or row[2] >= scanned_ns):
+            if rel in written:
+                if row[0] > WRITTEN_TRUST_LIMIT:
+                    row = row[:2] + [-1] + row[3:]
+            elif row[1] >= scanned_ns or row[2] >= scanned_ns:
                 row = row[:2] + [-1] + row[3:]
             settled[rel] = row
         return {"stamp_ns": stamp, "files": settled}
@@ -6294,7 +6316,11 @@ class Checkpoints:
     def _write_package(self, ws, state, tmp, history, left_out):
         step = ws.records.read_step(state["head"]) if state["head"] else None
         manifest_no = step["manifest"] if step else state.get("index_manifest", 0)
-        entries = ws.records.manifests.load(manifest_no)
+        if manifest_no:
+            entries = ws.records.manifests.load(manifest_no)
+        else:  # no step, and the latest record is known to the index alone (a
+            # restore or an import that left some paths as they were)
+            entries = ws.records.index_entries(ws.records.read_index())
         os.makedirs(tmp)
         files, filtered = self._export_files(ws, entries, os.path.join(tmp, "files"))
         desc = {"format": PACKAGE_FORMAT, "tool": "task-checkpoint-mcp", "version": __version__,

@@ -274,6 +274,30 @@ class ExportImportTest(HandoffBase):
         self.assertIn("so not in this package (2;", handoff)
         self.assertIn("- `src/app.py`\n- `src/new.py`\n", handoff)
 
+    def test_a_task_with_no_step_exports_its_latest_record(self):
+        # After a restore that left a file as it was, or an import of a
+        # package with no step, the latest record is known to the index
+        # alone; the package must still hold it.
+        srv = self.server()
+        self.write("a.txt", "zero\n")
+        self.write(".env", "K=1\n")
+        srv.ok("tc_init", root=self.root, name="no step yet")
+        self.write("a.txt", "one\n")
+        self.write(".env", "K=22\n")
+        srv.ok("tc_capture", root=self.root)
+        restored = srv.ok("tc_restore", root=self.root, drift_id="d0001", apply=True)
+        self.assertEqual(restored["plan"]["unrestorable"][0]["path"], ".env")
+        res = self.export(srv)
+        self.assertEqual((entry_paths(res["files"]), res["changed_since_step"]), ({"a.txt"}, []))
+        with open(content_copy(res["path"], "a.txt"), "rb") as fh:
+            self.assertEqual(fh.read(), b"zero\n")
+        other = os.path.join(self.other_dir(), "ws")
+        os.makedirs(other)
+        srv.ok("tc_import", root=other, package=res["path"])
+        again = self.export(srv, root=other)
+        self.assertEqual((entry_paths(again["files"]), again["changed_since_step"]),
+                         ({"a.txt"}, []))
+
     def test_export_destination_must_be_an_existing_absolute_directory(self):
         srv = self.server(cwd=self.tmp)
         self.make_source(srv)

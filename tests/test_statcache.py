@@ -10,6 +10,7 @@ It also checks the other side: the cache does work (nothing unchanged is read
 again, nor what a restore or an import has just written).
 """
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -331,6 +332,45 @@ class StatCacheTest(WorkspaceTest):
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
             cap = self.srv.ok("tc_capture", root=root)
             self.assertTrue(cap["captured"], "capture round %d: %r" % (n, cap))
+
+
+class WrittenDuringARestoreTest(WorkspaceTest):
+    """Another program writing a file while a restore writes it leaves bytes
+    that are neither the stored content nor its own, under a stat taken after
+    both. A file written in several writes is therefore read again by the
+    next scan rather than trusted by that stat. Two core instances in one
+    process, so that the other write lands at exactly that moment."""
+
+    def test_the_next_scan_reads_a_large_restored_file_again(self):
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        size = 3 << 20  # several writes
+        self.write("big.bin", b"A" * size)
+        self.write("small.txt", "one\n")
+        cp.init(self.root, "concurrent")
+        cp.save(self.root, "A")
+        self.write("big.bin", b"B" * size)
+        self.write("small.txt", "two\n")
+        cp.save(self.root, "B")
+        real_end_over = tc.end_over
+
+        def other_program_writes_first(fh, path, before, mode):
+            if path.endswith("big.bin"):
+                with open(path, "r+b") as other:
+                    other.write(b"someone else")
+            return real_end_over(fh, path, before, mode)
+
+        tc.end_over = other_program_writes_first
+        try:
+            cp.restore(self.root, index=1, apply=True)
+        finally:
+            tc.end_over = real_end_over
+        on_disk = self.read("big.bin")
+        self.assertEqual(on_disk, b"someone else" + b"A" * (size - 12))
+        captured = cp.capture(self.root)
+        self.assertEqual((captured["modified"], captured["reads"]), (["big.bin"], 1))
+        step = cp.save(self.root, "after")["index"]
+        files = {f["path"]: f["sha256"] for f in cp.show(self.root, index=step)["steps"][0]["files"]}
+        self.assertEqual(files["big.bin"], hashlib.sha256(on_disk).hexdigest())
 
 
 if __name__ == "__main__":
