@@ -5641,18 +5641,33 @@ class Checkpoints:
             else:
                 numbers = ws.records.step_numbers()
                 page = numbers[cursor:cursor + limit]
-                steps = [self._step_view(ws.records.read_step(n), state) for n in page]
+                steps = [self._listed(lambda: self._step_view(ws.records.read_step(n), state),
+                                      {"index": n, "head": n == state["head"]})
+                         for n in page]
                 next_cursor = cursor + limit if cursor + limit < len(numbers) else None
             drifts = []
             if include_drift:
                 drift_numbers = ws.records.drift_numbers()
                 page = drift_numbers[cursor:cursor + limit]
-                drifts = [self._drift_view(ws.records.read_drift("d%04d" % n)) for n in page]
+                drifts = [self._listed(lambda: self._drift_view(ws.records.read_drift(
+                    "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in page]
                 if cursor + limit < len(drift_numbers):
                     next_cursor = cursor + limit
         return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
                 "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
                 "total_steps": len(numbers) if index is None else None}
+
+    @staticmethod
+    def _listed(view, stub):
+        """view() for a listing; a record that cannot be read is listed as
+        stub with "damaged" saying why, so one bad record does not hide the
+        others (showing or restoring it still fails with that reason)."""
+        try:
+            return view()
+        except StoreCorrupt as exc:
+            return dict(stub, damaged=str(exc))
+        except OSError as exc:
+            return dict(stub, damaged="cannot be read: %s" % describe_os_error(exc))
 
     @staticmethod
     def _step_view(step, state, files=None):
@@ -5757,7 +5772,8 @@ class Checkpoints:
 
     def _damaged_resume(self, ws, active):
         """What resume can say when the task's state file cannot be read."""
-        errors = self._health(ws, {})
+        errors = self._health(ws, {}) or [
+            "%r could not be read as a task state; it is damaged" % ws.records.state_path]
         empty = {"title": "", "conclusion": "", "description": "", "next": ""}
         return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
                 "constraints": "", "head": 0, "last": empty, "open_questions": [],
@@ -5802,15 +5818,15 @@ class Checkpoints:
                 if name.startswith(".tmp-"):
                     errors.append("leftover temporary file %r (an interrupted write, part of "
                                   "no record; safe to delete)" % os.path.join(dirpath, name))
-        for path in (ws.records.state_path,):
-            try:
-                read_json(path)
-            except FileNotFoundError:
-                errors.append("%r is missing" % path)
-            except StoreCorrupt as exc:
-                errors.append(str(exc))
-            except OSError as exc:
-                errors.append("cannot read %r: %s" % (path, describe_os_error(exc)))
+        path = ws.records.state_path
+        try:
+            ws.records.read_state()  # parsed and checked field by field
+        except NotFound:
+            errors.append("%r is missing" % path)
+        except StoreCorrupt as exc:
+            errors.append(str(exc))
+        except OSError as exc:
+            errors.append("cannot read %r: %s" % (path, describe_os_error(exc)))
         if ws.store.journal_dirs():
             errors.append("an interrupted restore or import is pending; it is rolled back "
                           "by the next tool call that writes")

@@ -868,6 +868,42 @@ class ResumeTest(ToolsTest):
                          [p for p in before if p[0] != "server.log"])
 
 
+    def test_state_that_parses_but_is_no_state_is_named(self):
+        task = self.prepare()
+        state = os.path.join(self.task_dir(task), "state.json")
+        with open(state, encoding="utf-8") as fh:
+            good = json.load(fh)
+        for damaged in ([], {}, dict(good, head="three"), {k: v for k, v in good.items()
+                                                            if k != "status"}):
+            with open(state, "w", encoding="utf-8") as fh:
+                json.dump(damaged, fh)
+            res = self.ok("tc_resume", root=self.root)
+            self.assertIs(res["health"]["ok"], False, damaged)
+            self.assertTrue(any("state.json" in e for e in res["health"]["errors"]),
+                            (damaged, res["health"]))
+
+    def test_a_damaged_record_does_not_hide_the_others_from_tc_show(self):
+        task = self.prepare()
+        self.ok("tc_capture", root=self.root)
+        self.write("src/b.py", "b = 2\n")
+        self.ok("tc_capture", root=self.root)
+        with open(os.path.join(self.task_dir(task), "steps", "s0001.json"), "w") as fh:
+            fh.write("{cut off")
+        with open(os.path.join(self.task_dir(task), "drifts", "d0001.json"), "w") as fh:
+            json.dump({"id": "d0001"}, fh)
+        res = self.ok("tc_show", root=self.root, include_drift=True)
+        self.assertEqual([s["index"] for s in res["steps"]], [1, 2])
+        self.assertIn("s0001.json", res["steps"][0]["damaged"])
+        self.assertEqual(res["steps"][1]["title"], "Wrote the service layer")
+        self.assertNotIn("damaged", res["steps"][1])
+        self.assertEqual([d["id"] for d in res["drifts"]][:2], ["d0001", "d0002"])
+        self.assertIn("d0001.json", res["drifts"][0]["damaged"])
+        self.assertIs(res["drifts"][0]["restorable"], False)
+        self.assertNotIn("damaged", res["drifts"][1])
+        # Asked for by itself, the damaged record is still refused with the reason.
+        self.assertIn("s0001.json", self.refused("tc_show", root=self.root, index=1).text)
+        self.assertIn("s0001.json", self.refused("tc_restore", root=self.root, index=1).text)
+
 # ---------------------------------------------------------------- long lists
 class LongListTest(ToolsTest):
     """A list that grows with the workspace stops at 100 entries in a result
