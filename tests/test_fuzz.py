@@ -562,9 +562,23 @@ class FoundDefectsTest(FuzzTest):
             got = self.one(proc, line, str(n))  # (b): a NaN id must never be echoed
             self.assertEqual(len(got), 1, line)
             self.assertEqual(got[0].get("error", {}).get("code"), -32700, (line, got))
-        # 1e400 is JSON but overflows a double: the answer must still be strict JSON
+        # 1e400 is JSON but overflows a double: the answer must still be strict
+        # JSON, and the request is answered (an id no request may have) ...
         got = self.one(proc, b'{"jsonrpc":"2.0","id":1e400,"method":"ping"}', "big")
         self.assertEqual(len(got), 1)
+        self.assertEqual(got[0].get("error", {}).get("code"), -32600, got)
+        # ... or, in an argument, refused by name under the caller's own id.
+        for n, argument in enumerate([b'"limit":1e400', b'"limit":-1e400',
+                                      b'"keep_seconds":1e309']):
+            tool = b"tc_compress" if b"keep" in argument else b"tc_show"
+            line = (b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s",'
+                    b'"arguments":{"root":"/tmp",%s}}}' % (70 + n, tool, argument))
+            got = self.one(proc, line, "arg%d" % n)
+            self.assertEqual(len(got), 1, line)
+            self.assertEqual(got[0].get("id"), 70 + n, got)
+            self.assertTrue(got[0]["result"]["isError"], got)
+            self.assertIn(argument.split(b'"')[1].decode(),
+                          got[0]["result"]["content"][0]["text"])
 
     def test_nul_in_store_argument_is_a_tool_error(self):
         proc = self.start()
