@@ -808,6 +808,10 @@ class Cancels:
         with self._lock:
             self._running = None
 
+    def busy(self):
+        """True while a tools/call runs."""
+        return self._running is not None
+
 
 class Server:
     """Maps JSON-RPC messages to Checkpoints calls."""
@@ -1086,6 +1090,10 @@ class Inbox:
             self._bytes += size
             self._cond.notify_all()
 
+    def empty(self):
+        with self._cond:
+            return not self._lines
+
     def get(self):
         with self._cond:
             while not self._lines:
@@ -1097,15 +1105,40 @@ class Inbox:
             return item
 
 
-def read_ahead(instream, inbox, cancels):
+def ping_request(raw):
+    """The message of a line that is a ping request, else None."""
+    if len(raw) > CANCEL_LINE_LIMIT or b'"ping"' not in raw:
+        return None
+    try:
+        message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if (not isinstance(message, dict) or message.get("method") != "ping"
+            or message.get("jsonrpc") != "2.0" or not valid_id(message.get("id"))):
+        return None
+    return message
+
+
+def read_ahead(instream, inbox, cancels, answer=None):
     """The reader thread: every line into the inbox as (sequence number, line),
-    cancellations noted on the way; END when the input ends or fails."""
+    cancellations noted on the way; END when the input ends or fails.
+
+    A ping that arrives while a tools/call runs, with nothing queued before
+    it, is handed to answer(message) at once: the protocol asks for a prompt
+    reply, and a client that pings to see whether the server is alive must
+    not give up on it during a long init or import. Otherwise it waits its
+    turn like any request."""
     try:
         for seq, raw in enumerate(read_lines(instream, LINE_LIMIT)):
             key = cancelled_request(raw) if raw is not None else None
             if key is not None:
                 cancels.seen(key, seq)  # a notification: nothing else is done with it
                 continue
+            if answer is not None and raw is not None and cancels.busy() and inbox.empty():
+                message = ping_request(raw)
+                if message is not None:
+                    answer(message)
+                    continue
             inbox.wait_for_room()
             inbox.put((seq, raw))
     except (OSError, ValueError):
@@ -1146,7 +1179,16 @@ def serve(instream, outstream, checkpoints=None, log=None):
 
     server = Server(checkpoints, log, send)
     inbox = Inbox()
-    threading.Thread(target=read_ahead, args=(instream, inbox, server.cancels),
+
+    def answer(message):
+        response = server.handle_message(message)
+        if response is not None:
+            try:
+                send(response)
+            except (OSError, ValueError):
+                pass  # the client is gone; the main loop sees the input end
+
+    threading.Thread(target=read_ahead, args=(instream, inbox, server.cancels, answer),
                      name="stdin", daemon=True).start()
     checkpoints.start_watcher()
     try:

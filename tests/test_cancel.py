@@ -94,13 +94,26 @@ class CancelOverStdioTest(WorkspaceTest):
         fd = self.hold_store_lock()
         self.srv.send_raw(tool_line(100, "tc_save", root=self.root, title="two").encode())
         self.wait_until_waiting_for_the_lock()
-        self.srv.send_raw((cancel_line(100) + request_line(101, "ping")).encode())
+        self.srv.send_raw((cancel_line(100) + request_line(101, "tools/list")).encode())
         reply = self.srv.read_line()  # the save stops waiting; no lock is released for it
-        self.assertEqual(reply, {"jsonrpc": "2.0", "id": 101, "result": {}})
+        self.assertEqual(reply["id"], 101)  # answered in turn, after the save
+        self.assertIn("tools", reply["result"])
         fcntl.flock(fd, fcntl.LOCK_UN)
         self.assertEqual(self.titles(), ["one"])
         self.assertIn("'tc_save' (id 100) was cancelled; it stopped", self.log())
         self.assertEqual(self.srv.ok("tc_save", root=self.root, title="two")["index"], 2)
+
+    def test_a_ping_is_answered_while_a_call_runs(self):
+        fd = self.hold_store_lock()
+        self.srv.send_raw(tool_line(500, "tc_save", root=self.root, title="two").encode())
+        self.wait_until_waiting_for_the_lock()
+        self.srv.send_raw(request_line(501, "ping").encode())
+        self.assertEqual(self.srv.read_line(), {"jsonrpc": "2.0", "id": 501, "result": {}})
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        reply = self.srv.read_line()
+        self.assertEqual(reply["id"], 500)
+        self.assertEqual(reply["result"]["structuredContent"]["index"], 2)
+        self.assertEqual(self.titles(), ["one", "two"])
 
     def test_a_cancel_behind_a_thousand_queued_requests_still_stops_the_call(self):
         fd = self.hold_store_lock()

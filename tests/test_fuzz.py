@@ -413,8 +413,11 @@ class FuzzTest(unittest.TestCase):
         return proc
 
     def exchange(self, proc, data, sync_id):
-        """Send a line and a sync ping; return (answers before the ping, problems)."""
-        ping = json.dumps({"jsonrpc": "2.0", "id": sync_id, "method": "ping"}).encode()
+        """Send a line and a sync request; return (answers before it, problems).
+        The sync is a method the server does not know: its error comes in
+        turn, after every answer to the line (a ping may be answered at once
+        while a call runs)."""
+        ping = json.dumps({"jsonrpc": "2.0", "id": sync_id, "method": "fuzz/sync"}).encode()
         try:
             proc.send(data + b"\n" + ping + b"\n")
         except (BrokenPipeError, ConnectionResetError):
