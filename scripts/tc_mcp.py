@@ -72,6 +72,8 @@ LIST_LIMIT = 1_000
 RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
 DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
+RESULT_BUDGET = 80_000  # bytes of a result's JSON: over it, its long lists are cut shorter
+LIST_FLOOR = 10  # ... but not below this many (a drift's lists and a page in proportion)
 TEXT_BUDGET = 60_000  # bytes of free text (step texts, goal, handoff) in one result,
 TEXT_FLOOR = 100  # ... shared out so that no text is cut below this (or its share),
 TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result,
@@ -136,7 +138,8 @@ GIT = {"type": "object", "properties": {
 OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
            "description": "What this result left out, by place in the result: for a "
                           "long list the entries left out (lists stop at %d entries; %d for "
-                          "each drift tc_show lists and %d for its whole page; %d for a "
+                          "each drift tc_show lists and %d for its whole page; fewer when "
+                          "the result would be over %d bytes; %d for a "
                           "step's verified and open_questions), e.g. 'drift_paths', "
                           "'plan.to_replace', 'drifts.d0003.added', 'steps.s0003.verified'; "
                           "for long texts the characters left out (the texts of one "
@@ -144,7 +147,7 @@ OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimu
                           "'steps.s0003.texts' for all the texts of a step. The records "
                           "keep everything."
                           % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT,
-                             TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
+                             RESULT_BUDGET, TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -489,14 +492,29 @@ LONG_LISTS = {
 DRIFT_LISTS = ("added", "modified", "deleted")
 
 
-def bound_lists(name, result):
-    """A copy of a tool's result with its long lists cut and counted."""
+def fit_result(name, result):
+    """bound_lists, with the list limits halved (not below LIST_FLOOR) while
+    the result's JSON is over RESULT_BUDGET bytes: long paths or long texts
+    must not push a result past what a client passes on to the model."""
+    limit = RESULT_LIST_LIMIT
+    while True:
+        bounded = bound_lists(name, result, limit)
+        if limit <= LIST_FLOOR or len(json.dumps(bounded, ensure_ascii=False).encode(
+                "utf-8", "surrogatepass")) <= RESULT_BUDGET:
+            return bounded
+        limit = max(LIST_FLOOR, limit // 2)
+
+
+def bound_lists(name, result, limit=RESULT_LIST_LIMIT):
+    """A copy of a tool's result with its long lists cut to limit entries
+    (a drift's lists, and a page of drifts, in proportion) and counted."""
     if name not in LONG_LISTS or not isinstance(result, dict):
         return result
     result = dict(result)
     omitted = {}
+    drift_limit = max(1, DRIFT_LIST_LIMIT * limit // RESULT_LIST_LIMIT)
 
-    def cut(holder, key, label, limit=RESULT_LIST_LIMIT):
+    def cut(holder, key, label, limit=limit):
         values = holder.get(key)
         if isinstance(values, list) and len(values) > limit:
             holder[key] = values[:limit]
@@ -512,13 +530,13 @@ def bound_lists(name, result):
             holder = child
         cut(holder, key, label)
     if name == "tc_show" and isinstance(result.get("drifts"), list):
-        room = DRIFT_PAGE_LIMIT
+        room = DRIFT_PAGE_LIMIT * limit // RESULT_LIST_LIMIT
         drifts = []
         for view in result["drifts"]:
             view = dict(view)
             for key in DRIFT_LISTS:
                 cut(view, key, "drifts.%s.%s" % (view.get("id"), key),
-                    min(DRIFT_LIST_LIMIT, room))
+                    min(drift_limit, room))
                 if isinstance(view.get(key), list):
                     room -= len(view[key])
             drifts.append(view)
@@ -891,7 +909,7 @@ class Server:
                 self.log(message)
             return tool_result(message, is_error=True)
         self.remember_store(result)
-        return tool_result(bound_lists(name, result))
+        return tool_result(fit_result(name, result))
 
     def remember_store(self, result):
         store = result.get("store") if isinstance(result, dict) else None

@@ -996,6 +996,33 @@ class LongListTest(ToolsTest):
                                                        else "modified") else 0, drift["id"])
         self.assertEqual(shown, 300)
 
+    def test_long_paths_and_texts_shorten_the_lists_to_keep_the_result_small(self):
+        folder = os.path.join("a" * 90, "b" * 90)
+        names = sorted(os.path.join(folder, "f%03d.txt" % n).replace(os.sep, "/")
+                       for n in range(150))
+        for name in names:
+            self.write(name, "one\n")
+        self.init(goal="Keep every path")
+        self.save("one", conclusion="c" * 60_000)
+        for name in names:
+            self.write(name, "two\n")
+        res = self.srv.call("tc_resume", root=self.root)
+        self.assertFalse(res.is_error, res.text)
+        self.assertLessEqual(len(res.text.encode("utf-8")), 80_000)
+        resumed = res.data
+        shown = len(resumed["drift_paths"])
+        self.assertTrue(10 <= shown < 100, shown)
+        self.assertEqual(resumed["drift_paths"], names[:shown])
+        self.assertEqual(resumed["changed_since_step"], names[:shown])
+        self.assertEqual(resumed["omitted"]["drift_paths"], 150 - shown)
+        self.assertEqual(resumed["omitted"]["changed_since_step"], 150 - shown)
+        self.assertIn("last.conclusion", resumed["omitted"])
+        # With short texts the same paths fit: the lists keep their 100.
+        self.save("two", conclusion="short")
+        for name in names:
+            self.write(name, "three\n")
+        self.assertEqual(len(self.ok("tc_resume", root=self.root)["drift_paths"]), 100)
+
     def test_health_errors_are_cut_too(self):
         task = self.init()["task_id"]
         self.save("one")
