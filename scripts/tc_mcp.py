@@ -862,6 +862,10 @@ class Server:
                 "instructions": INSTRUCTIONS, "ttlMs": 0, "cacheScope": "private"}
 
     def tools_list(self, params):
+        cursor = params.get("cursor") if isinstance(params, dict) else None
+        if cursor is not None:  # the list comes whole, so no cursor was ever given out
+            raise RpcError(INVALID_PARAMS, "invalid cursor %s: tools/list is not paged"
+                           % json.dumps(cursor)[:40])
         return {"tools": [{"name": name, "title": TOOL_HINTS[name][0],
                            "description": spec["description"],
                            "inputSchema": spec["input"], "outputSchema": spec["output"],

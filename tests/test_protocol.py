@@ -429,6 +429,14 @@ class ToolsListTest(ProtocolTest):
         reply = srv.request("tools/list")
         self.assertEqual(len(reply["result"]["tools"]), 10)
 
+    def test_tools_list_refuses_a_cursor_it_never_gave(self):
+        srv = self.server()
+        self.assertEqual(len(srv.request("tools/list", {"cursor": None})["result"]["tools"]), 10)
+        for cursor in ("page-2", 5, ""):
+            reply = srv.request("tools/list", {"cursor": cursor})
+            self.assertEqual(reply["error"]["code"], -32602, reply)
+            self.assertIn("cursor", reply["error"]["message"])
+
 
 class ToolCallErrorsTest(ProtocolTest):
     def setUp(self):
