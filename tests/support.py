@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,59 @@ def suite_temp_root():
 
 
 tempfile.tempdir = suite_temp_root()
+
+
+# What the file system of the temporary folder and this user can do. Each is
+# tried once, in a folder of its own, the first time a test asks.
+_CAN = {}
+
+
+def _tried(name, attempt):
+    if name not in _CAN:
+        folder = tempfile.mkdtemp(prefix="tc-probe-")
+        try:
+            _CAN[name] = bool(attempt(folder))
+        except (OSError, NotImplementedError, ValueError):
+            _CAN[name] = False
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return _CAN[name]
+
+
+def can_symlink():
+    """Whether this user may make symlinks (Windows allows it only with
+    developer mode or the symlink privilege)."""
+    def attempt(folder):
+        os.symlink("target", os.path.join(folder, "link"))
+        return os.path.islink(os.path.join(folder, "link"))
+    return _tried("symlink", attempt)
+
+
+def keeps_mode_bits():
+    """Whether chmod sets the permission bits as given (on Windows it only
+    sets or clears the read-only flag: no executable bit, no 0o600)."""
+    def attempt(folder):
+        path = os.path.join(folder, "file")
+        with open(path, "wb"):
+            pass
+        os.chmod(path, 0o750)
+        return stat.S_IMODE(os.stat(path).st_mode) == 0o750
+    return _tried("mode bits", attempt)
+
+
+def is_root():
+    """The POSIX superuser, whom permission bits do not stop (no such user on Windows)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def path_max():
+    """The longest path the temporary folder's file system takes (PATH_MAX:
+    4096 on Linux, 1024 on macOS); None where it cannot be asked (Windows)."""
+    try:
+        return os.pathconf(tempfile.gettempdir(), "PC_PATH_MAX")
+    except (AttributeError, OSError, ValueError):
+        return None
+
 
 # Quiet defaults for tests: no watcher, no git unless a test asks for them.
 BASE_ENV = {
@@ -355,9 +409,16 @@ class WorkspaceTest(unittest.TestCase):
                 pass
         for dirpath, dirnames, filenames in os.walk(self.tmp):
             for name in dirnames + filenames:
+                full = os.path.join(dirpath, name)
                 try:
-                    os.chmod(os.path.join(dirpath, name), 0o755, follow_symlinks=False)
-                except (OSError, NotImplementedError):
+                    os.chmod(full, 0o755, follow_symlinks=False)
+                except NotImplementedError:  # Windows before 3.13 has no lchmod
+                    try:
+                        if not os.path.islink(full):
+                            os.chmod(full, 0o755)
+                    except OSError:
+                        pass
+                except OSError:
                     pass
         shutil.rmtree(self._tmp, ignore_errors=True)
 
