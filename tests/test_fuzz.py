@@ -14,12 +14,14 @@ The fixed-input tests below the fuzz run pin the defects the fuzzing found.
 
 import json
 import os
+import queue
 import random
 import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 from support import SERVER_COMMAND, clean_env
@@ -49,6 +51,30 @@ class Proc:
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   cwd=cwd, env=env)
         self.buf = b""
+        self.chunks = None
+        if os.name == "nt":  # select() takes sockets only there: a thread reads the pipe
+            self.chunks = queue.Queue()
+            self.reader = threading.Thread(target=self._read_all, daemon=True)
+            self.reader.start()
+
+    def _read_all(self):
+        fd = self.p.stdout.fileno()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            self.chunks.put(chunk)
+            if not chunk:
+                return
+
+    def _chunk(self, timeout):
+        """The next bytes of stdout (b"" at EOF), or None after timeout seconds."""
+        if self.chunks is not None:
+            try:
+                return self.chunks.get(timeout=timeout)
+            except queue.Empty:
+                return None
+        fd = self.p.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 1 << 20) if ready else None
 
     def send(self, data):
         self.p.stdin.write(data)
@@ -56,13 +82,13 @@ class Proc:
 
     def readline(self, timeout=10.0):
         """A line (with its newline), b"" at EOF, None on timeout."""
-        fd = self.p.stdout.fileno()
         while b"\n" not in self.buf:
-            ready, _, _ = select.select([fd], [], [], timeout)
-            if not ready:
+            chunk = self._chunk(timeout)
+            if chunk is None:
                 return None
-            chunk = os.read(fd, 1 << 20)
             if not chunk:
+                if self.chunks is not None:
+                    self.chunks.put(chunk)  # EOF stays EOF for the next call
                 return b""
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
@@ -78,6 +104,8 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
+        if self.chunks is not None:
+            self.reader.join(10)  # it reads until EOF: only then is the pipe closed
         self.p.stdout.close()
 
 
@@ -466,7 +494,7 @@ class FuzzTest(unittest.TestCase):
                 arguments = msg["params"].get("arguments")
                 for key in ("root", "to", "store", "package"):
                     value = arguments.get(key) if isinstance(arguments, dict) else None
-                    if isinstance(value, str) and value.startswith("/") and "\x00" not in value:
+                    if isinstance(value, str) and os.path.isabs(value) and "\x00" not in value:
                         try:
                             named.append(os.path.realpath(value))
                         except (ValueError, UnicodeError):
@@ -488,7 +516,7 @@ class FuzzTest(unittest.TestCase):
                            set(after["<base>"]) ^ set(before["<base>"])] + \
                           [p for p in changed if p != "<base>"]
                 outside = [p for p in changed if not any(
-                    p == n or p.startswith(n.rstrip("/") + "/") for n in named)]
+                    p == n or p.startswith(n.rstrip(os.sep) + os.sep) for n in named)]
                 if outside:
                     problems.append("(f) changed outside the workspaces: %r" % sorted(outside))
                 before = after
