@@ -15,14 +15,15 @@ import tempfile
 import time
 import unittest
 
-from support import SCRIPTS, SERVER_COMMAND, Server, WorkspaceTest, stored_shas, write
+from support import (SCRIPTS, SERVER_COMMAND, Server, WorkspaceTest, is_root, keeps_mode_bits,
+                     stored_shas, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
 
 
 def mount_tmpfs(path, size):
-    if os.geteuid() != 0:
+    if not is_root():
         return False
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", path],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -95,7 +96,7 @@ class FullDiskTest(unittest.TestCase):
 
 def bind_read_only(path):
     """Make path a read-only bind mount of itself; False when that is not allowed."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
+    if not is_root() or not shutil.which("mount"):
         return False
     if subprocess.run(["mount", "--bind", path, path], stdout=subprocess.DEVNULL,
                       stderr=subprocess.DEVNULL).returncode != 0:
@@ -109,7 +110,7 @@ def bind_read_only(path):
 
 def make_immutable(path):
     """chattr +i; False where the file system or the user cannot."""
-    if os.geteuid() != 0 or not shutil.which("chattr"):
+    if not is_root() or not shutil.which("chattr"):
         return False
     return subprocess.run(["chattr", "+i", path], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL).returncode == 0
@@ -298,8 +299,9 @@ class UnreadableFolderTest(WorkspaceTest):
     @contextlib.contextmanager
     def unlistable(self, path):
         """A second server on the same store that cannot list path: strace
-        fails every open of it (root lists any folder), else permission bits."""
-        if os.geteuid() != 0:
+        fails every open of it (root lists any folder), else permission bits
+        (where chmod sets them: not on Windows)."""
+        if not is_root() and keeps_mode_bits():
             mode = os.stat(path).st_mode
             os.chmod(path, 0o300)
             try:

@@ -101,6 +101,8 @@ class OpenOverTest(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     @unittest.skipUnless(hasattr(os, "fchmod"), "needs fchmod")
+    @unittest.skipUnless(support.keeps_mode_bits(), "needs chmod to set permission bits "
+                                                    "(Windows keeps only a read-only flag)")
     def test_a_wider_file_is_narrowed_before_anything_is_written(self):
         path = os.path.join(self.tmp, "secret")
         with open(path, "wb") as fh:
@@ -117,6 +119,8 @@ class OpenOverTest(unittest.TestCase):
             self.assertEqual(fh.read(), b"key")
 
     @unittest.skipUnless(hasattr(os, "fchmod"), "needs fchmod")
+    @unittest.skipUnless(support.keeps_mode_bits(), "needs chmod to set permission bits "
+                                                    "(Windows keeps only a read-only flag)")
     def test_a_narrower_file_is_widened_only_after_writing(self):
         path = os.path.join(self.tmp, "script")
         with open(path, "wb") as fh:
@@ -143,9 +147,10 @@ class CopyDescriptorTest(unittest.TestCase):
 
     def copy(self, src_path):
         dest = os.path.join(self.tmp, "dest")
-        src = os.open(src_path, os.O_RDONLY)
+        binary = getattr(os, "O_BINARY", 0)  # Windows: no newline or Ctrl-Z translation
+        src = os.open(src_path, os.O_RDONLY | binary)
         try:
-            dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | binary, 0o600)
             try:
                 count = tc.copy_descriptor(src, dst)
             finally:

@@ -239,6 +239,7 @@ class StoreLeftAloneByGitTest(GitCase):
 
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
+@unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
 class ProgressTest(GitCase):
     """A slow git makes a save take seconds: a call that asked for progress
     hears from the server until its answer; one that did not hears nothing."""
@@ -365,7 +366,10 @@ class StepRefsTest(GitCase):
         self.assertEqual(git(remote, "cat-file", "blob", ref_of(task, 2) + ":src/new_module.py"),
                          b"x = 2\n")
         diff = git(self.root, "diff", "--name-only", ref_of(task, 2), ref_of(task, 3))
-        self.assertEqual(diff.split(), [b"debug.log", b"notes/todo.md"])
+        changed = [b"debug.log", b"notes/todo.md"]
+        if not support.keeps_mode_bits():  # no executable bit: step 3 left todo.md as it was
+            changed.remove(b"notes/todo.md")
+        self.assertEqual(diff.split(), changed)
 
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
@@ -501,6 +505,7 @@ class RefusalsAndFailuresTest(GitCase):
         self.assertTrue(result["git"]["reason"], result["git"])
         self.assertEqual(checkpoint_refs(self.root), [])
 
+    @unittest.skipUnless(os.name == "posix", "the stand-in git is a shell script")
     def test_a_git_that_never_finishes_is_stopped(self):
         # A git stuck on a dead mount under .git: stopped after GIT_TIMEOUT
         # with a reason, not waited for forever.
@@ -662,9 +667,10 @@ class FingerprintTest(GitCase):
         # What an editor's `git status` does while the agent saves: the index
         # file is rewritten with fresh stat data, its entries stay the same.
         self.prepare_busy_repository()
+        # touch -t, as POSIX has it (-d @seconds is GNU only: not on macOS).
         srv, task = self.start_with_action(
-            "touch -d @1000000000 README.txt && GIT_OPTIONAL_LOCKS=1 '%s' update-index -q --refresh"
-            % REAL_GIT)
+            "touch -t 200109090146.40 README.txt && GIT_OPTIONAL_LOCKS=1 '%s' update-index -q "
+            "--refresh" % REAL_GIT)
         self.edit("refreshed")
         index_before = read(self.root, ".git/index")
         entries_before = git(self.root, "ls-files", "-s")

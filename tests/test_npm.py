@@ -206,7 +206,8 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 7, proc.stderr)
         self.assertIn("ignoring TC_PYTHON", proc.stderr.decode())
 
-    @unittest.skipIf(os.name == "nt", "a script with a #! line")
+    @unittest.skipIf(os.name == "nt", "needs a #! script to run as a command on PATH "
+                                      "(Windows runs only .exe, .cmd and the like)")
     def test_a_pipx_install_is_found_through_its_command(self):
         # pipx gives the package a Python of its own: no python3 on PATH can
         # import tc_mcp, but its tc-mcp command is on PATH.
@@ -230,6 +231,8 @@ class LauncherTest(unittest.TestCase):
         reply = json.loads(proc.stdout.decode().splitlines()[0])
         self.assertEqual(reply["result"]["serverInfo"]["name"], "task-checkpoint-mcp")
 
+    @unittest.skipIf(os.name == "nt", "needs a #! script to run as a command on PATH "
+                                      "(Windows runs only .exe, .cmd and the like)")
     def test_a_command_of_that_name_that_is_not_the_server_is_passed_over(self):
         bindir = self.empty_dir("other-bin")
         script = os.path.join(bindir, "tc-mcp")

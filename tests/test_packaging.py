@@ -233,6 +233,8 @@ class MetadataTest(unittest.TestCase):
         srv.close()
         self.assertNotIn("was imported", srv.stderr)
 
+    @unittest.skipIf(os.name == "nt", "Windows does not let a process remove its own "
+                                      "working directory")
     def test_python_dash_m_in_a_deleted_working_directory(self):
         gone = tempfile.mkdtemp(prefix="tc-gone-")
         messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",

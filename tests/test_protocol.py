@@ -572,6 +572,8 @@ class StreamTest(ProtocolTest):
         self.assertNotIn("Fatal Python error", srv.stderr)
         self.assertEqual(code, 0, srv.stderr)
 
+    @unittest.skipIf(os.name == "nt", "Popen.send_signal cannot send SIGINT on Windows "
+                                      "(only CTRL_C_EVENT, to a whole console group)")
     def test_ctrl_c_ends_the_server_cleanly(self):
         # The server has a thread blocked reading stdin at that moment.
         srv = self.server()
@@ -579,6 +581,8 @@ class StreamTest(ProtocolTest):
         srv.proc.send_signal(signal.SIGINT)
         self.assert_ended_cleanly(srv)
 
+    @unittest.skipIf(os.name == "nt", "needs preexec_fn to close the child's fd 0 "
+                                      "(not supported on Windows)")
     def test_no_stdin_at_all_ends_the_server_cleanly(self):
         proc = subprocess.run(list(support.SERVER_COMMAND), stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,

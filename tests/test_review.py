@@ -10,7 +10,7 @@ import sys
 import threading
 import unittest
 
-from support import SCRIPTS, WorkspaceTest, make_git_repo, git, write, read
+from support import SCRIPTS, WorkspaceTest, can_symlink, make_git_repo, git, write, read
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -129,11 +129,13 @@ class ImportTests(WorkspaceTest):
     def test_a_folder_that_is_no_package_is_named_so(self):
         plain = os.path.join(self.tmp, "project")
         write(plain, "src/a.py", "print(1)\n")
-        os.symlink("src/a.py", os.path.join(plain, "link.py"))
+        if can_symlink():  # not every Windows user may make one
+            os.symlink("src/a.py", os.path.join(plain, "link.py"))
         res = self.server().call("tc_import", root=self.root, package=plain)
         self.assertTrue(res.is_error, res)
         self.assertIn("has no handoff.json", res.text)
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_linked_package_description_is_refused_unread(self):
         pkg = make_package(self.tmp, "linked-1", [("a.txt", b"a\n", 0o644)])
         described = os.path.join(pkg, "handoff.json")
@@ -186,6 +188,7 @@ class RestoreTests(WorkspaceTest):
             tc.PayloadStore.put_file = original
         self.assertEqual(self.read("data.txt"), b"precious unsaved edit\n")
 
+    @unittest.skipUnless(hasattr(os, "mkfifo"), "needs os.mkfifo")
     def test_fifo_in_place_of_a_recorded_file_does_not_hang(self):
         srv = self.server()
         self.write("pipe", "v1\n")
@@ -218,6 +221,7 @@ class RestoreTests(WorkspaceTest):
         self.assertFalse(os.path.exists(os.path.join(self.root, "x.txt")))
         self.assertEqual(self.read("cfg/.env"), b"K=1\n")
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_symlink_where_a_file_was_is_skipped_not_fatal(self):
         srv = self.server()
         self.write("a.txt", "v1\n")
@@ -234,6 +238,8 @@ class RestoreTests(WorkspaceTest):
         self.assertEqual(self.read("b.txt"), b"b1\n")
         self.assertTrue(os.path.islink(os.path.join(self.root, "a.txt")))
 
+    @unittest.skipIf(os.name == "nt", "a backslash separates folders on Windows: "
+                                      "no file name can hold one")
     def test_backslash_in_a_file_name_does_not_redirect_the_restore(self):
         srv = self.server()
         self.write("x/y", "keep me\n")
@@ -277,6 +283,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
     reads (another process racing the save) must not bring the files over
     there into the store. The swap is made right after the real scan."""
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_save_does_not_store_what_a_swapped_folder_points_at(self):
         outside = os.path.join(self.tmp, "outside")
         os.makedirs(outside)
@@ -302,7 +309,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
     def swap_sub(self):
         """Replace sub/ by a link to the outside folder."""
         os.rename(os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved"))
-        os.symlink(self.outside, os.path.join(self.root, "sub"))
+        os.symlink(self.outside, os.path.join(self.root, "sub"), target_is_directory=True)
 
     def after_scan(self, change):
         """Run change once, right after the next real scan of the workspace."""
@@ -358,6 +365,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         self.write("sub/gone.txt", "g\n")
         return cp, before
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_restore_does_not_delete_where_a_swapped_folder_points(self):
         cp, before = self.restore_case()
         self.swap_before(tc, "remove_within")
@@ -366,6 +374,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         self.assertIn("outside the workspace", str(caught.exception))
         self.assertEqual(self.outside_files(), before)
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_restore_does_not_write_where_a_swapped_folder_points(self):
         cp, before = self.restore_case()
         os.remove(os.path.join(self.root, "sub", "gone.txt"))  # nothing to delete first
@@ -375,6 +384,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         self.assertIn("outside the workspace", str(caught.exception))
         self.assertEqual(self.outside_files(), before)
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_restore_does_not_make_folders_where_a_swapped_folder_points(self):
         before = self.outside_folder()
         self.write("sub/deep/new.txt", "n1\n")
@@ -389,6 +399,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         self.assertEqual(self.outside_files(), before)
         self.assertFalse(os.path.lexists(os.path.join(self.outside, "deep")))
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_restore_does_not_prune_folders_where_a_swapped_folder_points(self):
         before = self.outside_folder()
         os.mkdir(os.path.join(self.outside, "deep"))  # empty, as the pruned one will be
@@ -412,6 +423,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         with open(kept, "rb") as fh:
             self.assertEqual(fh.read(), b"unsaved\n")
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_an_import_does_not_write_where_a_swapped_folder_points(self):
         before = self.outside_folder()
         self.write("sub/victim.txt", "from the package\n")
@@ -431,6 +443,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         self.assertIn("outside the workspace", str(caught.exception))
         self.assertEqual(self.outside_files(), before)
 
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
     def test_a_restore_cut_short_is_undone_after_its_folder_moved_behind_a_link(self):
         names = ["sub/f%02d.txt" % n for n in range(20)]
         for name in names:
@@ -463,7 +476,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         moved = os.path.join(self.tmp, "elsewhere", "ws")
         os.makedirs(os.path.dirname(moved))
         os.rename(self.root, moved)
-        os.symlink(moved, self.root)
+        os.symlink(moved, self.root, target_is_directory=True)
         later = tc.Checkpoints(tc.Config(watch=False, git=False))
         # The task is known by its old path; any call that takes the store's
         # lock finishes the rollback first, a new task's init among them.
@@ -800,6 +813,8 @@ class WatcherAndGitTests(WorkspaceTest):
         self.assertIn(ref.encode(), git(self.root, "for-each-ref", "refs/checkpoints/"))
 
 
+@unittest.skipUnless(hasattr(os, "mkfifo"), "needs os.mkfifo")
+@unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
 class SwappedFileTests(WorkspaceTest):
     """A file replaced between the scan and the read: by a FIFO (an open
     would wait for a writer forever) or by a symlink to a file elsewhere

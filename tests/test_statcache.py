@@ -12,6 +12,7 @@ again, nor what a restore or an import has just written).
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import unittest
@@ -114,6 +115,9 @@ class StatCacheTest(WorkspaceTest):
 
     # -- cases -------------------------------------------------------------
 
+    @unittest.skipUnless(tc.STAT_CACHE_SUPPORTED, "needs the stat cache, which the server "
+                                                 "keeps on POSIX only (on Windows every "
+                                                 "scan reads every file)")
     def test_unchanged_files_are_not_read_again(self):
         """The cache must also work: a second look at an unchanged tree reads nothing."""
         root = self.make_tree("quiet", files=40, dirs=4)
@@ -129,6 +133,9 @@ class StatCacheTest(WorkspaceTest):
         self.assertTrue(cap["captured"], cap)
         self.assertEqual(cap["reads"], 1, cap)
 
+    @unittest.skipUnless(tc.STAT_CACHE_SUPPORTED, "needs the stat cache, which the server "
+                                                 "keeps on POSIX only (on Windows every "
+                                                 "scan reads every file)")
     def test_files_a_restore_or_an_import_wrote_are_not_read_back(self):
         root = self.make_tree("restored", files=150, dirs=5)
         self.srv.ok("tc_init", root=root, name="restored", goal="stat cache")
@@ -172,6 +179,9 @@ class StatCacheTest(WorkspaceTest):
                 with open(path, "rb") as fh:
                     self.assertTrue(fh.read().startswith(b"EDIT %d" % round_no), round_no)
 
+    @unittest.skipUnless(tc.STAT_CACHE_SUPPORTED, "needs the stat cache, which the server "
+                                                 "keeps on POSIX only (on Windows every "
+                                                 "scan reads every file)")
     def test_rows_the_scan_before_a_restore_could_not_vouch_for_stay_unvouched(self):
         # The index a restore keeps is dated after its writes. A file the scan
         # before them saw with a time at or after that scan's stamp (changed
@@ -196,6 +206,9 @@ class StatCacheTest(WorkspaceTest):
         info = tc.StatInfo(3, scanned - 5, scanned + 5, 12, 1, 0o644, False)
         self.assertFalse(trusted(busy, info), "a row changed during the scan became trusted")
 
+    @unittest.skipUnless(tc.STAT_CACHE_SUPPORTED, "needs the stat cache, which the server "
+                                                 "keeps on POSIX only (on Windows every "
+                                                 "scan reads every file)")
     def test_index_changes_are_appended_and_read_back_by_a_new_server(self):
         root = self.make_tree("log", files=60, dirs=3)
         task = self.srv.ok("tc_init", root=root, name="log", goal="stat cache")["task_id"]
@@ -267,12 +280,14 @@ class StatCacheTest(WorkspaceTest):
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         self.check_both(edit)
 
+    @unittest.skipUnless(shutil.which("cp"), "needs the cp command")
     def test_cp_p_from_a_same_size_file(self):
         def edit(root, path, st):
             src = self.write_outside("src-%s" % os.path.basename(root), EDITED, st.st_mtime_ns)
             subprocess.run(["cp", "-p", src, path], check=True)
         self.check_both(edit)
 
+    @unittest.skipUnless(shutil.which("touch"), "needs the touch command")
     def test_touch_r_from_a_reference_file(self):
         def edit(root, path, st):
             ref = self.write_outside("ref-%s" % os.path.basename(root), b"ref", st.st_mtime_ns)
@@ -341,6 +356,9 @@ class WrittenDuringARestoreTest(WorkspaceTest):
     next scan rather than trusted by that stat. Two core instances in one
     process, so that the other write lands at exactly that moment."""
 
+    @unittest.skipUnless(tc.STAT_CACHE_SUPPORTED, "needs the stat cache, which the server "
+                                                 "keeps on POSIX only (on Windows every "
+                                                 "scan reads every file)")
     def test_the_next_scan_reads_a_large_restored_file_again(self):
         cp = tc.Checkpoints(tc.Config(watch=False, git=False))
         size = 3 << 20  # several writes
