@@ -69,7 +69,7 @@ TEXT_LIMIT = 100_000
 TITLE_LIMIT = 1_000
 PATH_LIMIT = 4_096
 LIST_LIMIT = 1_000
-RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see bound_lists)
+RESULT_LIST_LIMIT = 100  # entries of a list in a tool result (see fit_result)
 DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
 RESULT_BUDGET = 80_000  # bytes of a result's JSON: over it, its long lists are cut shorter
@@ -493,23 +493,39 @@ DRIFT_LISTS = ("added", "modified", "deleted")
 
 
 def fit_result(name, result):
-    """bound_lists, with the list limits halved (not below LIST_FLOOR) while
-    the result's JSON is over RESULT_BUDGET bytes: long paths or long texts
-    must not push a result past what a client passes on to the model."""
-    limit = RESULT_LIST_LIMIT
-    while True:
-        bounded = bound_lists(name, result, limit)
-        if limit <= LIST_FLOOR or len(json.dumps(bounded, ensure_ascii=False).encode(
-                "utf-8", "surrogatepass")) <= RESULT_BUDGET:
-            return bounded
-        limit = max(LIST_FLOOR, limit // 2)
-
-
-def bound_lists(name, result, limit=RESULT_LIST_LIMIT):
-    """A copy of a tool's result with its long lists cut to limit entries
-    (a drift's lists, and a page of drifts, in proportion) and counted."""
+    """A copy of a tool's result with its long texts and lists cut, and
+    "omitted" counting what each cut left out. The texts are cut once
+    (bound_texts); the list limits are then halved, not below LIST_FLOOR,
+    while the result's JSON is over RESULT_BUDGET bytes: long paths or long
+    texts must not push a result past what a client passes on to the model.
+    What is not in these lists (a page of steps) can keep it over."""
     if name not in LONG_LISTS or not isinstance(result, dict):
         return result
+    result = dict(result)
+    texts_omitted = {}
+    if name in ("tc_resume", "tc_show"):
+        bound_texts(text_slots(result, texts_omitted), texts_omitted)
+    limit = RESULT_LIST_LIMIT
+    bounded, omitted = cut_lists(name, result, limit)
+    size = encoded_size(bounded)
+    while limit > LIST_FLOOR and size > RESULT_BUDGET:
+        limit = max(LIST_FLOOR, limit // 2)
+        shorter, more = cut_lists(name, result, limit)
+        if more != omitted:  # else nothing more was cut, and the size is the same
+            bounded, omitted = shorter, more
+            size = encoded_size(bounded)
+    omitted.update(texts_omitted)
+    bounded["omitted"] = omitted
+    return bounded
+
+
+def encoded_size(result):
+    return len(json.dumps(result, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+def cut_lists(name, result, limit):
+    """(a copy of result with its long lists cut to limit entries, a drift's
+    lists and a page of drifts in proportion; {label: entries left out})."""
     result = dict(result)
     omitted = {}
     drift_limit = max(1, DRIFT_LIST_LIMIT * limit // RESULT_LIST_LIMIT)
@@ -541,10 +557,7 @@ def bound_lists(name, result, limit=RESULT_LIST_LIMIT):
                     room -= len(view[key])
             drifts.append(view)
         result["drifts"] = drifts
-    if name in ("tc_resume", "tc_show"):
-        bound_texts(text_slots(result, omitted), omitted)
-    result["omitted"] = omitted
-    return result
+    return result, omitted
 
 
 STEP_TEXTS = ("title", "description", "conclusion", "next")
