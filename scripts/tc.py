@@ -2844,6 +2844,10 @@ class Journal:
         self.data = {"op": op, "op_id": self.op_id, "root": root, "entries": [],
                      "created_dirs": [], "store_new": [],
                      "store_new_dirs": [], "store_backup": {}, "payloads_new": []}
+        try:  # which folder the workspace is, so a rollback never writes into another
+            self.data["root_ino"] = os.stat(root).st_ino
+        except OSError:
+            pass
         self.started = False
 
     def add_entry(self, rel, before):
@@ -2950,7 +2954,14 @@ def rollback_journal(store, directory, data=None):
             remove_tree(directory)  # never started
             return []
     stranded, not_back = set(), []
-    if os.path.isdir(data["root"]):
+    if data["entries"] or data["created_dirs"]:
+        if not _workspace_there(data):
+            raise StoreUnwritable(
+                "the workspace %r of an interrupted %s is missing, or is not the folder it "
+                "was (unmounted, moved or replaced): its rollback waits until it is back. To "
+                "stop waiting, delete %r; the store then keeps what the %s recorded (a "
+                "restore's recovered record still holds the files as they were before it)"
+                % (data["root"], data["op"], directory, data["op"]))
         stranded, not_back = _rollback_workspace(store, data)
     _rollback_records(store, directory, data)
     # Workspace and records are back: drop the plan, so a crash from here on
@@ -2967,6 +2978,16 @@ def rollback_journal(store, directory, data=None):
     remove_tree(directory)
     remove_empty_dir(os.path.dirname(directory))
     return not_back
+
+
+def _workspace_there(data):
+    """Whether the journal's workspace folder is there, and is the same
+    folder (an unmounted disk leaves an empty mount point, or nothing)."""
+    try:
+        st = os.stat(data["root"])
+    except OSError:
+        return False
+    return stat_mod.S_ISDIR(st.st_mode) and data.get("root_ino") in (None, st.st_ino)
 
 
 def _rollback_workspace(store, data):
@@ -4716,6 +4737,14 @@ class Store:
                     named.update(m.decode("ascii") for m in _NAMED_SHA.findall(data))
         return None if failed else named
 
+    def rollback_blocker(self):
+        """What kept a pending rollback from finishing at its last try, or None."""
+        for directory in self.journal_dirs():
+            failure = self._rollback_failures.get(directory)
+            if failure:
+                return failure
+        return None
+
     def journal_dirs(self):
         base = os.path.join(self.directory, "journal")
         try:
@@ -5104,8 +5133,9 @@ class Checkpoints:
                                   % ws.store.directory)
         if ws.store.journal_dirs():
             raise StoreUnwritable("an interrupted restore or import in %r could not be rolled "
-                                  "back yet (see server.log); fix what blocks it (a read-only "
-                                  "or full disk) and retry" % ws.store.directory)
+                                  "back yet: %s" % (ws.store.directory, ws.store.rollback_blocker()
+                                                    or "see server.log; fix what blocks it (a "
+                                                    "read-only or full disk) and retry"))
         try:
             ws.store.begin_write()
         except OSError as exc:
@@ -5828,8 +5858,10 @@ class Checkpoints:
         except OSError as exc:
             errors.append("cannot read %r: %s" % (path, describe_os_error(exc)))
         if ws.store.journal_dirs():
+            blocker = ws.store.rollback_blocker()
             errors.append("an interrupted restore or import is pending; it is rolled back "
-                          "by the next tool call that writes")
+                          "by the next tool call that writes" + (": " + blocker if blocker
+                                                                 else ""))
         if state.get("head"):
             errors.extend(self._missing_content(ws, state))
         return errors
@@ -6037,11 +6069,22 @@ class Checkpoints:
     def _undo(self, journal, what, exc):
         try:
             not_back = journal.rollback()
-        except Exception:
-            import traceback
-            self.log("rollback of %s failed: %s" % (what, traceback.format_exc()))
-            raise StoreCorrupt("the %s failed (%s) and could not be fully undone; the next "
-                               "tool call retries the rollback" % (what, exc)) from None
+        except Exception as failure:
+            if isinstance(failure, OSError) and failure.errno in OS_ERROR_ADVICE:
+                why = "%s. %s" % (describe_os_error(failure), OS_ERROR_ADVICE[failure.errno])
+                self.log("rollback of %s failed: %s" % (what, why))
+            elif isinstance(failure, CheckpointError):
+                why = str(failure)
+                self.log("rollback of %s failed: %s" % (what, why))
+            else:  # unexpected: the log gets the traceback
+                import traceback
+                why = "%s (details in server.log)" % (describe_os_error(failure)
+                                                      if isinstance(failure, OSError)
+                                                      else type(failure).__name__)
+                self.log("rollback of %s failed: %s" % (what, traceback.format_exc()))
+            first = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+            raise StoreCorrupt("the %s failed (%s) and could not be fully undone yet; the next "
+                               "tool call retries the rollback: %s" % (what, first, why)) from None
         undone = "nothing was changed"
         if not_back:
             undone = ("it was undone except for %d file(s) that could not be put back (%s; "

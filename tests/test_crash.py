@@ -439,6 +439,73 @@ class KillDuringRestore(CrashTest):
                             "%s: step %d does not restore byte-exact" % (self.seed_note, index))
 
 
+class RollbackWaitsForItsWorkspace(CrashTest):
+    """A restore killed midway in a workspace whose store is elsewhere: while
+    that workspace folder is missing, or is another folder by its name (a
+    disk unmounted leaves an empty mount point), its rollback waits; nothing
+    is thrown away and nothing is written into the stand-in."""
+
+    def interrupted_restore(self, srv, journal_base):
+        """Kill srv while a restore to step 1 has its journal on disk."""
+        for _attempt in range(5):
+            request_id = send(srv, "tc_restore", root=self.root, index=1, apply=True)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if os.path.isdir(journal_base) and any(
+                        os.path.exists(os.path.join(journal_base, name, "plan.json"))
+                        for name in os.listdir(journal_base)):
+                    break
+            answer = kill_and_collect(srv, request_id)
+            if answer is None and os.listdir(journal_base):
+                return
+            srv = self.server()  # it finished first: undo it and try again
+            if answer is not None:
+                srv.ok("tc_restore", root=self.root,
+                       drift_id=answer["result"]["structuredContent"]["recovered"], apply=True)
+        self.fail("the restore always finished before it could be killed")
+
+    def test_a_rollback_waits_while_its_workspace_is_missing_or_replaced(self):
+        store = os.path.join(self.tmp, "shared-store")
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="away", store=store)
+        srv.ok("tc_save", **self.save_args("one"))
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.root)
+        srv.ok("tc_init", root=other, name="neighbour", store=store)
+        journal_base = os.path.join(store, "journal")
+        self.interrupted_restore(srv, journal_base)
+        pending = os.listdir(journal_base)
+
+        away = self.root + "-away"
+        os.rename(self.root, away)  # the disk is unmounted ...
+        srv = self.server()
+        health = srv.ok("tc_resume", root=other)["health"]
+        self.assertFalse(health["ok"])
+        self.assertTrue(any(self.root in error for error in health["errors"]), health)
+        refused = srv.call("tc_save", root=other, title="blocked")
+        self.assertTrue(refused.is_error)
+        self.assertIn(self.root, refused.text)
+        self.assertIn(os.path.join(journal_base, pending[0]), refused.text)
+        self.assertEqual(os.listdir(journal_base), pending)
+        os.mkdir(self.root)  # ... leaving its empty mount point
+        srv.ok("tc_resume", root=other)
+        self.assertEqual(os.listdir(self.root), [], "the rollback wrote into the stand-in")
+        self.assertEqual(os.listdir(journal_base), pending)
+        srv.close()
+
+        os.rmdir(self.root)
+        os.rename(away, self.root)  # mounted again
+        srv = self.server()
+        srv.ok("tc_show", root=self.root)
+        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
+        self.assertTrue(snapshot(self.root) == before, "the unsaved edits did not come back")
+        self.assertEqual(srv.ok("tc_save", root=other, title="free again")["index"], 1)
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+
+
 def differing(one, other):
     keys = set(one) | set(other)
     return sum(1 for key in keys if one.get(key) != other.get(key))
