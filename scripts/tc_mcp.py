@@ -1140,6 +1140,64 @@ class Inbox:
             return item
 
 
+class PromptReplies:
+    """Answers the reader thread hands off (pings), written by a thread of
+    their own: the reader never waits on stdout, so a client that writes
+    before it reads still has its cancels seen. At most LIMIT wait; past
+    that a ping takes its turn in the inbox."""
+
+    LIMIT = 16
+
+    def __init__(self, send):
+        self._send = send
+        self._cond = threading.Condition()
+        self._waiting = collections.deque()
+        self._thread = None
+        self._gone = False
+
+    def offer(self, response):
+        """Queue response to be written; False when too many already wait."""
+        with self._cond:
+            if self._gone:
+                return True  # the client stopped reading: nothing more is written
+            if len(self._waiting) >= self.LIMIT:
+                return False
+            self._waiting.append(response)
+            self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="replies", daemon=True)
+                self._thread.start()
+        return True
+
+    def _run(self):
+        while True:
+            with self._cond:
+                while not self._waiting:
+                    self._cond.wait()
+                response = self._waiting[0]
+            try:
+                self._send(response)
+            except (OSError, ValueError):
+                with self._cond:
+                    self._gone = True
+                    self._waiting.clear()
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._waiting.popleft()
+                self._cond.notify_all()
+
+    def drain(self, timeout):
+        """Wait up to timeout seconds for what is queued to be written."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._waiting and not self._gone:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+
 def ping_request(raw):
     """The message of a line that is a ping request, else None."""
     if len(raw) > CANCEL_LINE_LIMIT or b'"ping"' not in raw:
@@ -1161,7 +1219,8 @@ def read_ahead(instream, inbox, cancels, answer=None):
     A ping that arrives while a tools/call runs, with nothing queued before
     it, is handed to answer(message) at once: the protocol asks for a prompt
     reply, and a client that pings to see whether the server is alive must
-    not give up on it during a long init or import. Otherwise it waits its
+    not give up on it during a long init or import. answer returns False
+    when it cannot take it (too many replies wait); the ping then waits its
     turn like any request."""
     try:
         for seq, raw in enumerate(read_lines(instream, LINE_LIMIT)):
@@ -1171,8 +1230,7 @@ def read_ahead(instream, inbox, cancels, answer=None):
                 continue
             if answer is not None and raw is not None and cancels.busy() and inbox.empty():
                 message = ping_request(raw)
-                if message is not None:
-                    answer(message)
+                if message is not None and answer(message):
                     continue
             inbox.wait_for_room()
             inbox.put((seq, raw))
@@ -1214,14 +1272,11 @@ def serve(instream, outstream, checkpoints=None, log=None):
 
     server = Server(checkpoints, log, send)
     inbox = Inbox()
+    replies = PromptReplies(send)
 
     def answer(message):
         response = server.handle_message(message)
-        if response is not None:
-            try:
-                send(response)
-            except (OSError, ValueError):
-                pass  # the client is gone; the main loop sees the input end
+        return response is None or replies.offer(response)
 
     threading.Thread(target=read_ahead, args=(instream, inbox, server.cancels, answer),
                      name="stdin", daemon=True).start()
@@ -1242,6 +1297,7 @@ def serve(instream, outstream, checkpoints=None, log=None):
             if response is not None:
                 send(response)
     finally:
+        replies.drain(2.0)  # pings answered out of turn, still on their way
         checkpoints.stop_watcher()
     return 0
 
