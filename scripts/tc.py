@@ -2647,9 +2647,12 @@ class TaskRecords:
         except (FileNotFoundError, NotADirectoryError):
             return []
         out = []
-        for name in names:
-            if name.startswith(prefix) and name.endswith(".json") and name[1:-5].isdigit():
-                out.append(int(name[1:-5]))
+        for name in names:  # only the names records get (sNNNN.json): no stray lookalike
+            digits = name[len(prefix):-5]
+            if (name.startswith(prefix) and name.endswith(".json") and digits.isascii()
+                    and digits.isdigit() and int(digits) > 0
+                    and name == "%s%04d.json" % (prefix, int(digits))):
+                out.append(int(digits))
         return sorted(out)
 
     def step_numbers(self):
@@ -5694,7 +5697,7 @@ class Checkpoints:
         others (showing or restoring it still fails with that reason)."""
         try:
             return view()
-        except StoreCorrupt as exc:
+        except (StoreCorrupt, NotFound) as exc:  # NotFound: a dangling link by its name
             return dict(stub, damaged=str(exc))
         except OSError as exc:
             return dict(stub, damaged="cannot be read: %s" % describe_os_error(exc))

@@ -915,6 +915,18 @@ class ResumeTest(ToolsTest):
         self.assertIn("d0001.json", res["drifts"][0]["damaged"])
         self.assertIs(res["drifts"][0]["restorable"], False)
         self.assertNotIn("damaged", res["drifts"][1])
+        # Names no record gets are not records; a link to nothing is listed as damaged.
+        steps = os.path.join(self.task_dir(task), "steps")
+        for stray in ("s00002.json", "s\u0663.json", "s\u00b2.json", "s0000.json"):
+            with open(os.path.join(steps, stray), "w") as fh:
+                fh.write("{}")
+        linked = support.can_symlink()
+        if linked:
+            os.symlink("nowhere.json", os.path.join(steps, "s0007.json"))
+        again = self.ok("tc_show", root=self.root)
+        self.assertEqual([s["index"] for s in again["steps"]], [1, 2] + [7] * linked)
+        if linked:
+            self.assertIn("damaged", again["steps"][2])
         # Asked for by itself, the damaged record is still refused with the reason.
         self.assertIn("s0001.json", self.refused("tc_show", root=self.root, index=1).text)
         self.assertIn("s0001.json", self.refused("tc_restore", root=self.root, index=1).text)
