@@ -6063,7 +6063,8 @@ class Checkpoints:
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state(state)
             self._keep_index(ws, self._index_after_writes(
-                ws, rows, set(plan["to_write"]) | set(plan["to_replace"]), snap.stamp_ns))
+                ws, rows, set(plan["to_write"]) | set(plan["to_replace"]), snap.stamp_ns,
+                set(plan["to_replace"])))
         except BaseException as exc:
             self._undo(journal, "restore", exc)
         journal.finish()
@@ -6142,7 +6143,7 @@ class Checkpoints:
                                    lambda tmp: payloads.copy_out(sha, tmp, mode, within=guard))
 
     @staticmethod
-    def _index_after_writes(ws, rows, written, scanned_ns):
+    def _index_after_writes(ws, rows, written, scanned_ns, overwritten=()):
         """The index to keep after a restore or an import wrote the files in
         written (their rows hold the stat taken after the last change).
 
@@ -6155,12 +6156,17 @@ class Checkpoints:
         reads that file. So does the row of a written file over
         WRITTEN_TRUST_LIMIT bytes: it took several writes, and another
         program writing it meanwhile would leave bytes that are neither the
-        stored content nor its own, under the stat of our last write."""
+        stored content nor its own, under the stat of our last write. And so
+        does the row of a file in overwritten, written over its old bytes in
+        place: nothing flushed those writes, and a file system orders such
+        writes after nothing, so a power cut or a disk error could leave the
+        old bytes under the new stat (a new file, or a longer one, shows its
+        loss in its size)."""
         stamp = ws.store.clock_stamp(ws.root)
         settled = {}
         for rel, row in rows.items():
             if rel in written:
-                if row[0] > WRITTEN_TRUST_LIMIT:
+                if row[0] > WRITTEN_TRUST_LIMIT or rel in overwritten:
                     row = row[:2] + [-1] + row[3:]
             elif row[1] >= scanned_ns or row[2] >= scanned_ns:
                 row = row[:2] + [-1] + row[3:]
@@ -6587,8 +6593,9 @@ class Checkpoints:
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import",
                                            unseen=pre.unseen)["id"]
+        written = {item["path"] for item in desc["files"]}
         self._keep_index(ws, self._index_after_writes(
-            ws, rows, {item["path"] for item in desc["files"]}, pre.stamp_ns), whole=True)
+            ws, rows, written, pre.stamp_ns, written.intersection(pre.entries)), whole=True)
         ws.records.write_state(state)
         self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
         return recovered

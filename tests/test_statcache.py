@@ -136,7 +136,7 @@ class StatCacheTest(WorkspaceTest):
     @unittest.skipUnless(tc.STAT_CACHE_SUPPORTED, "needs the stat cache, which the server "
                                                  "keeps on POSIX only (on Windows every "
                                                  "scan reads every file)")
-    def test_files_a_restore_or_an_import_wrote_are_not_read_back(self):
+    def test_files_a_restore_or_an_import_made_are_not_read_back(self):
         root = self.make_tree("restored", files=150, dirs=5)
         self.srv.ok("tc_init", root=root, name="restored", goal="stat cache")
         self.srv.ok("tc_save", root=root, title="one")
@@ -148,10 +148,19 @@ class StatCacheTest(WorkspaceTest):
             result = self.srv.ok("tc_restore", root=root, index=index, apply=True)
             replaced = len(result["plan"]["to_replace"])
             self.assertEqual(replaced + result["omitted"].get("plan.to_replace", 0), 150, result)
-            # The restore knows what it wrote: at most the files of its last
-            # clock tick are left for the next look to read.
-            reads = self.srv.ok("tc_capture", root=root)["reads"]
-            self.assertLess(reads, 75, "capture read back what restore %d wrote" % index)
+            # Written over in place and not flushed, each file is read once
+            # more (a power cut could leave the old bytes under the new stat);
+            # then the cache vouches for it again.
+            self.assertEqual(self.srv.ok("tc_capture", root=root)["reads"], 150)
+            self.assertLess(self.srv.ok("tc_capture", root=root)["reads"], 75)
+        # Files a restore creates show a lost write in their size: the restore
+        # knows what it wrote, and at most the files of its last clock tick
+        # are left for the next look to read.
+        shutil.rmtree(os.path.join(root, "d3"))
+        shutil.rmtree(os.path.join(root, "d4"))
+        self.srv.ok("tc_restore", root=root, index=2, apply=True)
+        self.assertLess(self.srv.ok("tc_capture", root=root)["reads"], 30,
+                        "capture read back what the restore made")
         out = os.path.join(self.tmp, "out")
         os.makedirs(out)
         package = self.srv.ok("tc_export", root=root, to=out)["path"]
@@ -366,8 +375,8 @@ class WrittenDuringARestoreTest(WorkspaceTest):
         self.write("small.txt", "one\n")
         cp.init(self.root, "concurrent")
         cp.save(self.root, "A")
-        self.write("big.bin", b"B" * size)
-        self.write("small.txt", "two\n")
+        os.remove(os.path.join(self.root, "big.bin"))  # so the restore makes it anew
+        self.write("new.txt", "two\n")
         cp.save(self.root, "B")
         real_end_over = tc.end_over
 
