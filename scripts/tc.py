@@ -804,6 +804,7 @@ class StoreLock:
         self._rlock = threading.RLock()
         self._depth = 0
         self._fd = None
+        self.refusal = None  # the OSError that kept the lock file from being made or opened
 
     def __enter__(self):
         cancel = cancel_event()
@@ -836,9 +837,11 @@ class StoreLock:
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
+        except OSError as exc:
             self._fd = None  # read-only store: in-process lock only
+            self.refusal = exc
             return
+        self.refusal = None
         deadline = time.monotonic() + self.timeout
         delay = 0.002
         cancel = cancel_event()
@@ -5131,6 +5134,11 @@ class Checkpoints:
     def _need_writable(self, ws):
         """Called inside the lock by every operation that writes the store."""
         if not ws.store.lock.writable:
+            refusal = ws.store.lock.refusal
+            if isinstance(refusal, OSError) and refusal.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreUnwritable("the store %r cannot be written: %s. %s"
+                                      % (ws.store.directory, describe_os_error(refusal),
+                                         OS_ERROR_ADVICE[refusal.errno]))
             raise StoreUnwritable("the store %r cannot be written (read-only or missing "
                                   "permissions); free it or point TC_STORE elsewhere"
                                   % ws.store.directory)
@@ -5142,8 +5150,10 @@ class Checkpoints:
         try:
             ws.store.begin_write()
         except OSError as exc:
-            raise StoreUnwritable("the store %r cannot be written (%s)"
-                                  % (ws.store.directory, describe_os_error(exc))) from None
+            advice = OS_ERROR_ADVICE.get(exc.errno)
+            raise StoreUnwritable("the store %r cannot be written (%s)%s"
+                                  % (ws.store.directory, describe_os_error(exc),
+                                     ". " + advice if advice else "")) from None
 
     # -- snapshots ----------------------------------------------------------
 

@@ -515,6 +515,16 @@ class InjectedFaultTest(WorkspaceTest):
         self.assertFalse(os.path.exists(os.path.join(self.root, "g.txt")))
         self.assertTrue(os.path.exists(decoy), "the failed import removed a file outside")
 
+    def test_a_full_disk_is_called_full_when_the_store_is_new(self):
+        self.write("a.txt", "one\n")
+        lock = os.path.join(self.root, ".checkpoints", "state.lock")
+        faulty = self.faulty_server("-P", lock, "-e", "trace=openat,open",
+                                    "-e", "inject=openat,open:error=ENOSPC")
+        res = faulty.call("tc_init", root=self.root, name="no room")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("The disk is full", res.text)
+        self.assertNotIn("read-only", res.text)
+
     def test_a_lock_that_fails_to_unlock_does_not_fail_finished_work(self):
         srv = self.server(env={"TC_WATCH": "off"})
         self.write("a.txt", "one\n")
