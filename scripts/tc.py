@@ -6225,14 +6225,35 @@ class Checkpoints:
             # Content an earlier compress marked but did not get to delete
             # (it was stopped between the two) is reclaimed now.
             freed = unreclaimed - needed
+            deleted, sizes = set(), []
+
+            def reclaim(shas):
+                for sha in sorted(shas - deleted):
+                    sizes.append(payloads.delete(sha))
+                    deleted.add(sha)
+
             for key in sorted(chosen):
                 records, drift, _entries = drifts[key]
                 drift["compressed"] = True
                 drift["unrestorable"] = sorted(chosen[key])
-                write_record(records.drift_path(int(drift["id"][1:])), drift)
-                freed.update(chosen[key] - needed)
+                own = chosen[key] - needed
+                while True:
+                    try:
+                        write_record(records.drift_path(int(drift["id"][1:])), drift)
+                        break
+                    except OSError as exc:
+                        # A full disk: room first from content already let go,
+                        # else from this record's own, which it gives up anyway
+                        # (a crash before the record is marked leaves a drift
+                        # whose restore names that content as missing).
+                        room = (freed - deleted) or (own - deleted)
+                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not room:
+                            raise
+                        reclaim(room)
+                freed.update(own)
             result["converted"] = len(chosen)
-            result["bytes_freed"] = sum(payloads.delete(sha) for sha in sorted(freed))
+            reclaim(freed)
+            result["bytes_freed"] = sum(sizes)
             orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
             result["unreferenced"] = len(orphans)
             result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)

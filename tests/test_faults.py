@@ -71,6 +71,22 @@ class FullDiskTest(unittest.TestCase):
         with open(os.path.join(self.root, "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), b"one\n")
 
+    def test_compress_frees_space_on_a_disk_with_none_left(self):
+        write(self.root, "a.txt", "one\n")
+        self.srv.ok("tc_init", root=self.root, name="full")
+        self.srv.ok("tc_save", root=self.root, title="one")
+        for n in range(4):  # drift records holding 200 KB each
+            write(self.root, "big.txt", os.urandom(100_000).hex())
+            self.assertTrue(self.srv.ok("tc_capture", root=self.root)["captured"])
+        self.fill()
+        res = self.srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0, maximum=1)
+        self.assertEqual(res["converted"], 3, res)
+        self.assertGreaterEqual(res["bytes_freed"], 3 * 200_000, res)
+        shown = self.srv.ok("tc_show", root=self.root, include_drift=True)["drifts"]
+        self.assertEqual(sum(not d["restorable"] for d in shown), 3, shown)
+        self.assertTrue(shown[-1]["restorable"], "the newest copy is always kept")
+        os.remove(os.path.join(self.root, "filler.bin"))
+        self.assertTrue(self.srv.ok("tc_resume", root=self.root)["health"]["ok"])
 
     def test_a_store_that_fills_up_gives_its_space_back(self):
         # The workspace is elsewhere; only the store is on the small disk.
