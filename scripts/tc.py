@@ -598,8 +598,8 @@ def atomic_write(path, data, *, durable=True):
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(exc, OSError) and exc.filename == tmp:
-            raise named_after(exc, path) from None
+        if isinstance(exc, OSError) and exc.filename in (tmp, None):
+            raise named_after(exc, path) from None  # a write names no file
         raise
     if durable:
         fsync_dir(directory)
@@ -1573,15 +1573,16 @@ class RawFile:
     of files; a buffered file object costs four extra system calls per open
     (close-on-exec, fstat, a terminal check, a seek) and a copy per block."""
 
-    __slots__ = ("fd", "written")
+    __slots__ = ("fd", "written", "path")
 
-    def __init__(self, fd):
+    def __init__(self, fd, path=None):
         self.fd = fd
         self.written = 0
+        self.path = path  # named in a failed write (os.write names no file)
 
     @classmethod
     def open(cls, path, flags, mode=0o666):
-        return cls(os.open(path, flags | O_CLOEXEC, mode))
+        return cls(os.open(path, flags | O_CLOEXEC, mode), path)
 
     def fileno(self):
         return self.fd
@@ -1603,8 +1604,13 @@ class RawFile:
 
     def write(self, data):
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            if exc.filename is None and self.path is not None:
+                raise named_after(exc, self.path) from None
+            raise
         self.written += len(data)
 
     def tell(self):
@@ -1996,7 +2002,7 @@ class PayloadStore:
         anything can rely on it. A failed write removes what it created."""
         target = self.path(sha)
         try:
-            out = RawFile(self._opener(sha)(target, PAYLOAD_CREATE_FLAGS))
+            out = RawFile(self._opener(sha)(target, PAYLOAD_CREATE_FLAGS), target)
         except FileExistsError:
             return None
         try:
@@ -2183,7 +2189,7 @@ class PayloadStore:
         target = self.path(sha)
         with open_package_file(src) as fh:
             try:
-                out = RawFile(self._opener(sha)(target, PAYLOAD_CREATE_FLAGS))
+                out = RawFile(self._opener(sha)(target, PAYLOAD_CREATE_FLAGS), target)
             except FileExistsError:
                 return None
             digest = hashlib.sha256()
@@ -2211,7 +2217,12 @@ class PayloadStore:
             size = os.fstat(src.fd).st_size
             out, before = open_over(dest, mode, within=within)
             with out:
-                out.written = copy_descriptor(src.fd, out.fd)
+                try:
+                    out.written = copy_descriptor(src.fd, out.fd)
+                except OSError as exc:
+                    if exc.filename is None:
+                        raise named_after(exc, dest) from None
+                    raise
                 if out.written != size:
                     raise StoreCorrupt("stored content %s could not be copied whole (%d of %d "
                                        "bytes)" % (sha[:12], out.written, size))
@@ -2233,7 +2244,8 @@ class PayloadStore:
                 out, before = open_over(dest, mode, within=within)
                 with out:
                     try:
-                        copy = RawFile(self._opener(sha)(self.path(sha), PAYLOAD_CREATE_FLAGS))
+                        copy = RawFile(self._opener(sha)(self.path(sha),
+                                                         PAYLOAD_CREATE_FLAGS), self.path(sha))
                         store_path = self.path(sha)
                     except FileExistsError:  # already stored (or by another thread now)
                         copy = None
@@ -6396,7 +6408,10 @@ class Checkpoints:
         except BaseException as exc:
             remove_tree(tmp)
             if isinstance(exc, OSError):
-                raise CheckpointError("export to %r failed: %s" % (to, describe_os_error(exc))) from None
+                advice = OS_ERROR_ADVICE.get(exc.errno)
+                raise CheckpointError("export to %r failed, and its unfinished package was "
+                                      "removed: %s%s" % (to, describe_os_error(exc),
+                                                         ". " + advice if advice else "")) from None
             raise
         return {"path": final, "filtered": desc["filtered"],
                 "files": [f["path"] for f in desc["files"]], "changed_since_step": left_out}
