@@ -2862,8 +2862,8 @@ class Journal:
         self.data = {"op": op, "op_id": self.op_id, "root": root, "entries": [],
                      "created_dirs": [], "store_new": [],
                      "store_new_dirs": [], "store_backup": {}, "payloads_new": []}
-        try:  # which folder the workspace is, so a rollback never writes into another
-            self.data["root_ino"] = os.stat(root).st_ino
+        try:  # the folder holding the workspace: whether a missing one was removed
+            self.data["parent_ino"] = os.stat(os.path.dirname(root)).st_ino
         except OSError:
             pass
         self.started = False
@@ -2972,15 +2972,17 @@ def rollback_journal(store, directory, data=None):
             remove_tree(directory)  # never started
             return []
     stranded, not_back = set(), []
-    if data["entries"] or data["created_dirs"]:
-        if not _workspace_there(data):
-            raise StoreUnwritable(
-                "the workspace %r of an interrupted %s is missing, or is not the folder it "
-                "was (unmounted, moved or replaced): its rollback waits until it is back. To "
-                "stop waiting, delete %r; the store then keeps what the %s recorded (a "
-                "restore's recovered record still holds the files as they were before it)"
-                % (data["root"], data["op"], directory, data["op"]))
+    there = _workspace_state(store, data)
+    if there == "away":
+        raise StoreUnwritable(
+            "the workspace %r of an interrupted %s is not there (its disk is not mounted?): "
+            "its rollback waits until it is back. To give up that rollback, and the unsaved "
+            "edits it would put back, delete %r" % (data["root"], data["op"], directory))
+    if there == "here":
         stranded, not_back = _rollback_workspace(store, data)
+    else:
+        store.log("rollback of %s: the workspace %r was removed; its records are rolled back"
+                  % (data["op_id"], data["root"]))
     _rollback_records(store, directory, data)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
@@ -2998,14 +3000,30 @@ def rollback_journal(store, directory, data=None):
     return not_back
 
 
-def _workspace_there(data):
-    """Whether the journal's workspace folder is there, and is the same
-    folder (an unmounted disk leaves an empty mount point, or nothing)."""
+def _workspace_state(store, data):
+    """Where a journal's workspace is: "here" to roll back into; "gone" when
+    it was removed (the folder that held it is still the same folder), so
+    only the records are rolled back; "away" when it may come back (a disk
+    not mounted leaves nothing, or an empty mount point, where the files
+    to put back must not be written), so the rollback waits."""
+    root = data["root"]
+    if _at_or_inside(store.directory, root):
+        return "here"  # its store is read from inside it
+    to_put_back = any(before is not None for _rel, before in data["entries"])
     try:
-        st = os.stat(data["root"])
+        with os.scandir(root) as it:
+            empty = next(it, None) is None
+    except FileNotFoundError:
+        if "parent_ino" not in data:
+            return "gone"  # a journal from before parent_ino was kept
+        try:
+            parent = os.stat(os.path.dirname(root)).st_ino
+        except OSError:
+            return "away"
+        return "gone" if parent == data["parent_ino"] else "away"
     except OSError:
-        return False
-    return stat_mod.S_ISDIR(st.st_mode) and data.get("root_ino") in (None, st.st_ino)
+        return "here"  # let the rollback meet the error and report it
+    return "away" if empty and to_put_back else "here"
 
 
 def _rollback_workspace(store, data):

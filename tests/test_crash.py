@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import time
 import unittest
 
@@ -440,15 +441,16 @@ class KillDuringRestore(CrashTest):
 
 
 class RollbackWaitsForItsWorkspace(CrashTest):
-    """A restore killed midway in a workspace whose store is elsewhere: while
-    that workspace folder is missing, or is another folder by its name (a
-    disk unmounted leaves an empty mount point), its rollback waits; nothing
-    is thrown away and nothing is written into the stand-in."""
+    """A restore killed midway in a workspace whose store is elsewhere. While
+    the workspace may come back (its disk not mounted: nothing there, or an
+    empty mount point) its rollback waits, and nothing is written into the
+    stand-in. A workspace that was removed (the folder that held it is still
+    the same folder) has its records rolled back, and the store goes on."""
 
-    def interrupted_restore(self, srv, journal_base):
-        """Kill srv while a restore to step 1 has its journal on disk."""
+    def interrupted_restore(self, srv, root, journal_base):
+        """Kill srv while a restore of root to step 1 has its journal on disk."""
         for _attempt in range(5):
-            request_id = send(srv, "tc_restore", root=self.root, index=1, apply=True)
+            request_id = send(srv, "tc_restore", root=root, index=1, apply=True)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 if os.path.isdir(journal_base) and any(
@@ -460,50 +462,76 @@ class RollbackWaitsForItsWorkspace(CrashTest):
                 return
             srv = self.server()  # it finished first: undo it and try again
             if answer is not None:
-                srv.ok("tc_restore", root=self.root,
+                srv.ok("tc_restore", root=root,
                        drift_id=answer["result"]["structuredContent"]["recovered"], apply=True)
         self.fail("the restore always finished before it could be killed")
 
-    def test_a_rollback_waits_while_its_workspace_is_missing_or_replaced(self):
-        store = os.path.join(self.tmp, "shared-store")
-        other = os.path.join(self.tmp, "other")
-        os.makedirs(other)
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="away", store=store)
-        srv.ok("tc_save", **self.save_args("one"))
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.root)
-        srv.ok("tc_init", root=other, name="neighbour", store=store)
-        journal_base = os.path.join(store, "journal")
-        self.interrupted_restore(srv, journal_base)
-        pending = os.listdir(journal_base)
+    def setUp(self):
+        super().setUp()
+        self.disk = os.path.join(self.tmp, "disk")  # stands for a mount point
+        self.ws = os.path.join(self.disk, "ws")
+        self.shared = os.path.join(self.tmp, "shared-store")
+        self.other = os.path.join(self.tmp, "other")
+        os.makedirs(self.other)
+        self.journal_base = os.path.join(self.shared, "journal")
 
-        away = self.root + "-away"
-        os.rename(self.root, away)  # the disk is unmounted ...
+    def prepare(self):
+        """A half-done restore of self.ws; the workspace as it was before it."""
+        names = fill_workspace(self.ws, self.rng, files=600, big=4)
         srv = self.server()
-        health = srv.ok("tc_resume", root=other)["health"]
+        srv.ok("tc_init", root=self.ws, name="away", store=self.shared)
+        srv.ok("tc_save", root=self.ws, title="one")
+        mutate(self.ws, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.ws)
+        srv.ok("tc_init", root=self.other, name="neighbour", store=self.shared)
+        self.interrupted_restore(srv, self.ws, self.journal_base)
+        return before
+
+    def assert_waiting(self, srv, pending):
+        health = srv.ok("tc_resume", root=self.other)["health"]
         self.assertFalse(health["ok"])
-        self.assertTrue(any(self.root in error for error in health["errors"]), health)
-        refused = srv.call("tc_save", root=other, title="blocked")
+        self.assertTrue(any(self.ws in error for error in health["errors"]), health)
+        refused = srv.call("tc_save", root=self.other, title="blocked")
         self.assertTrue(refused.is_error)
-        self.assertIn(self.root, refused.text)
-        self.assertIn(os.path.join(journal_base, pending[0]), refused.text)
-        self.assertEqual(os.listdir(journal_base), pending)
-        os.mkdir(self.root)  # ... leaving its empty mount point
-        srv.ok("tc_resume", root=other)
-        self.assertEqual(os.listdir(self.root), [], "the rollback wrote into the stand-in")
-        self.assertEqual(os.listdir(journal_base), pending)
+        self.assertIn(self.ws, refused.text)
+        self.assertIn(os.path.join(self.journal_base, pending[0]), refused.text)
+        self.assertEqual(os.listdir(self.journal_base), pending)
+
+    def test_a_rollback_waits_while_its_disk_is_not_mounted(self):
+        before = self.prepare()
+        pending = os.listdir(self.journal_base)
+        away = self.disk + "-away"
+        os.rename(self.disk, away)  # unmounted: the mount point is another, empty folder
+        os.mkdir(self.disk)
+        srv = self.server()
+        self.assert_waiting(srv, pending)
+        os.rmdir(self.disk)
+        os.rename(away, self.disk)
+        os.rename(self.ws, self.ws + "-tmp")
+        os.mkdir(self.ws)  # the workspace was the mount point: now empty
+        self.assert_waiting(srv, pending)
+        self.assertEqual(os.listdir(self.ws), [], "the rollback wrote into the stand-in")
         srv.close()
 
-        os.rmdir(self.root)
-        os.rename(away, self.root)  # mounted again
+        os.rmdir(self.ws)
+        os.rename(self.ws + "-tmp", self.ws)  # mounted again
         srv = self.server()
-        srv.ok("tc_show", root=self.root)
-        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
-        self.assertTrue(snapshot(self.root) == before, "the unsaved edits did not come back")
-        self.assertEqual(srv.ok("tc_save", root=other, title="free again")["index"], 1)
-        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+        srv.ok("tc_show", root=self.ws)
+        self.assertEqual(os.listdir(self.journal_base) if os.path.isdir(self.journal_base)
+                         else [], [])
+        self.assertTrue(snapshot(self.ws) == before, "the unsaved edits did not come back")
+        self.assertEqual(srv.ok("tc_save", root=self.other, title="free again")["index"], 1)
+        self.assertTrue(srv.ok("tc_resume", root=self.ws)["health"]["ok"])
+
+    def test_a_removed_workspace_does_not_block_the_store(self):
+        self.prepare()
+        shutil.rmtree(self.ws)  # a scratch clone thrown away
+        srv = self.server()
+        self.assertTrue(srv.ok("tc_resume", root=self.other)["health"]["ok"])
+        self.assertEqual(srv.ok("tc_save", root=self.other, title="goes on")["index"], 1)
+        self.assertEqual(os.listdir(self.journal_base) if os.path.isdir(self.journal_base)
+                         else [], [])
+        self.assertEqual(store_problems(self.shared), [])
 
 
 def differing(one, other):
