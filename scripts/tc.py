@@ -63,6 +63,9 @@ CHUNK = 1 << 20
 # A file a restore or import writes in more than one write (over this size)
 # is read once more by the next scan instead of being trusted by its stat.
 WRITTEN_TRUST_LIMIT = CHUNK
+# Room beyond the records' own size that content must free before
+# tc_compress on a full disk deletes it ahead of marking its records.
+ROOM_MARGIN = 64 * 1024
 LOCK_TIMEOUT = 120.0
 # Files whose mtime or ctime is this close to the moment the index was taken
 # are "racily clean": their stat may not reflect a change made in the same
@@ -6255,39 +6258,72 @@ class Checkpoints:
             # Content an earlier compress marked but did not get to delete
             # (it was stopped between the two) is reclaimed now.
             freed = unreclaimed - needed
-            deleted, sizes = set(), []
-
-            def reclaim(shas):
-                for sha in sorted(shas - deleted):
-                    sizes.append(payloads.delete(sha))
-                    deleted.add(sha)
-
-            for key in sorted(chosen):
-                records, drift, _entries = drifts[key]
-                drift["compressed"] = True
-                drift["unrestorable"] = sorted(chosen[key])
-                own = chosen[key] - needed
-                while True:
-                    try:
-                        write_record(records.drift_path(int(drift["id"][1:])), drift)
-                        break
-                    except OSError as exc:
-                        # A full disk: room first from content already let go,
-                        # else from this record's own, which it gives up anyway
-                        # (a crash before the record is marked leaves a drift
-                        # whose restore names that content as missing).
-                        room = (freed - deleted) or (own - deleted)
-                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not room:
-                            raise
-                        reclaim(room)
-                freed.update(own)
+            order = sorted(chosen)
+            marked = 0
+            try:
+                for key in order:
+                    self._mark_compressed(drifts[key], chosen[key])
+                    marked += 1
+                    freed.update(chosen[key] - needed)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: the content of the records still to mark goes
+                # first (each is given up anyway), to make room for marking
+                # them. Until they are marked they still list as restorable,
+                # and a restore of one names that content as missing.
+                for key in order[marked:]:
+                    freed.update(chosen[key] - needed)
+                if self._bytes_of(payloads, freed) < ROOM_MARGIN + sum(
+                        self._bytes_of_record(drifts[key]) for key in order[marked:]):
+                    raise  # too little to make room: nothing is deleted unmarked
+                freed_bytes = sum(payloads.delete(sha) for sha in sorted(freed))
+                try:
+                    for key in order[marked:]:
+                        self._mark_compressed(drifts[key], chosen[key])
+                        marked += 1
+                except OSError as again:
+                    if again.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise StoreUnwritable(
+                        "tc_compress freed %d bytes, but the disk is still full: %d drift "
+                        "record(s) whose content it removed are not marked yet (free more "
+                        "space and run tc_compress again to finish)"
+                        % (freed_bytes, len(order) - marked)) from None
+                freed = set()
+                result["bytes_freed"] = freed_bytes
             result["converted"] = len(chosen)
-            reclaim(freed)
-            result["bytes_freed"] = sum(sizes)
+            result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
             orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
             result["unreferenced"] = len(orphans)
             result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
         return result
+
+    @staticmethod
+    def _bytes_of(payloads, shas):
+        total = 0
+        for sha in shas:
+            try:
+                total += os.stat(payloads.path(sha)).st_size
+            except OSError:
+                pass
+        return total
+
+    @staticmethod
+    def _bytes_of_record(drift_item):
+        records, drift, _entries = drift_item
+        try:
+            return os.stat(records.drift_path(int(drift["id"][1:]))).st_size
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _mark_compressed(drift_item, shas):
+        """Rewrite a drift record as reclaimed: shas are no longer restorable."""
+        records, drift, _entries = drift_item
+        drift["compressed"] = True
+        drift["unrestorable"] = sorted(shas)
+        write_record(records.drift_path(int(drift["id"][1:])), drift)
 
     @staticmethod
     def _unreferenced_content(store, keep_seconds, needed):
