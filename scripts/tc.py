@@ -2222,8 +2222,8 @@ class PayloadStore:
             with out:
                 try:
                     out.written = copy_descriptor(src.fd, out.fd)
-                except OSError as exc:
-                    if exc.filename is None:
+                except OSError as exc:  # a full disk is the writing side's
+                    if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise named_after(exc, dest) from None
                     raise
                 if out.written != size:
@@ -2960,8 +2960,21 @@ def _put_back(payloads, full, before, guard):
     make_dirs_within(os.path.dirname(full), guard)
     tmp = sibling_temp(full, "rollback")
     remove_within(tmp, guard)
-    payloads.copy_out(sha, tmp, mode, within=guard)
-    replace_within(tmp, full, guard)
+    try:
+        try:
+            payloads.copy_out(sha, tmp, mode, within=guard)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A full disk: the wrong bytes at full give their room to the right ones.
+            remove_within(tmp, guard)
+            remove_within(full, guard)
+            payloads.copy_out(sha, tmp, mode, within=guard)
+        replace_within(tmp, full, guard)
+    except OSError as exc:
+        if exc.filename == tmp:
+            raise named_after(exc, full) from None
+        raise
 
 
 def rollback_journal(store, directory, data=None):

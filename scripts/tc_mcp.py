@@ -1177,7 +1177,7 @@ class PromptReplies:
                 response = self._waiting[0]
             try:
                 self._send(response)
-            except (OSError, ValueError):
+            except Exception:  # the client is gone (or the line cannot go): stop writing
                 with self._cond:
                     self._gone = True
                     self._waiting.clear()

@@ -78,6 +78,32 @@ class FullDiskTest(unittest.TestCase):
         with open(os.path.join(self.root, "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), b"one\n")
 
+    def test_a_failed_restore_names_the_files_not_their_staging_copies(self):
+        store = tempfile.mkdtemp(prefix="tc-store-")
+        self.addCleanup(shutil.rmtree, store, True)
+        srv = Server(env={"TC_STORE": store})
+        srv.initialize()
+        self.addCleanup(srv.close)
+        write(self.root, "big.bin", os.urandom(300_000).hex())
+        srv.ok("tc_init", root=self.root, name="full")
+        srv.ok("tc_save", root=self.root, title="one")
+        write(self.root, "big.bin", "small\n")
+        os.link(os.path.join(self.root, "big.bin"), os.path.join(self.root, "other-name"))
+        srv.ok("tc_save", root=self.root, title="two")
+        filler = os.path.join(self.mount, "filler.bin")  # beside the workspace
+        with self.assertRaises(OSError):
+            with open(filler, "wb") as fh:
+                while True:
+                    fh.write(b"x" * 4096)
+        res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("The disk is full", res.text)
+        self.assertNotIn(".tc-", res.text, "a staging name reached the message")
+        os.remove(filler)
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+        with open(os.path.join(self.root, "big.bin"), "rb") as fh:
+            self.assertEqual(fh.read(), b"small\n")
+
     def test_compress_frees_space_on_a_disk_with_none_left(self):
         write(self.root, "a.txt", "one\n")
         self.srv.ok("tc_init", root=self.root, name="full")
