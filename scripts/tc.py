@@ -55,6 +55,7 @@ __version__ = "0.1.0"
 # ---------------------------------------------------------------------------
 
 STORE_DIRNAME = ".checkpoints"
+KEPT_DIRNAME = "kept"  # in the store: undo content of rollbacks whose workspace was gone
 POINTER_NAME = ".task-checkpoint-store.json"
 MAX_CONTENT_BYTES = 100 * 1024 * 1024
 ANCHOR_EVERY = 20
@@ -620,6 +621,17 @@ def put_back_file(path, before, log):
             atomic_write(path, before)
     except OSError as exc:
         log("could not put %r back as it was: %s" % (path, describe_os_error(exc)))
+
+
+def disk_bytes(path):
+    """The space path takes on its disk (its blocks; its size where the
+    system does not count blocks); 0 when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    blocks = getattr(st, "st_blocks", None)
+    return blocks * 512 if blocks is not None else st.st_size
 
 
 def named_after(exc, path):
@@ -2866,9 +2878,12 @@ class Journal:
                      "created_dirs": [], "store_new": [],
                      "store_new_dirs": [], "store_backup": {}, "payloads_new": []}
         try:  # the folder holding the workspace: whether a missing one was removed
-            self.data["parent_ino"] = os.stat(os.path.dirname(root)).st_ino
+            parent = os.stat(os.path.dirname(root))
+            self.data["parent_id"] = [parent.st_dev, parent.st_ino]
         except OSError:
             pass
+        if _inside(store.directory, root):  # the workspace is wherever its store is
+            self.data["store_rel"] = os.path.relpath(store.directory, root)
         self.started = False
 
     def add_entry(self, rel, before):
@@ -2988,6 +3003,7 @@ def rollback_journal(store, directory, data=None):
             remove_tree(directory)  # never started
             return []
     stranded, not_back = set(), []
+    data = dict(data, root=_workspace_now(store, data))
     there = _workspace_state(store, data)
     if there == "away":
         raise StoreUnwritable(
@@ -2997,8 +3013,7 @@ def rollback_journal(store, directory, data=None):
     if there == "here":
         stranded, not_back = _rollback_workspace(store, data)
     else:
-        store.log("rollback of %s: the workspace %r was removed; its records are rolled back"
-                  % (data["op_id"], data["root"]))
+        stranded = _keep_undo_content(store, data)
     _rollback_records(store, directory, data)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
@@ -3016,12 +3031,26 @@ def rollback_journal(store, directory, data=None):
     return not_back
 
 
+def _workspace_now(store, data):
+    """Where a journal's workspace is now: with the store inside it, the
+    folder that holds the store (the workspace may have been renamed with
+    it); otherwise the path it had."""
+    rel = data.get("store_rel")
+    if not rel:
+        return data["root"]
+    up = store.directory
+    for _part in rel.split(os.sep):
+        up = os.path.dirname(up)
+    return up
+
+
 def _workspace_state(store, data):
     """Where a journal's workspace is: "here" to roll back into; "gone" when
-    it was removed (the folder that held it is still the same folder), so
-    only the records are rolled back; "away" when it may come back (a disk
-    not mounted leaves nothing, or an empty mount point, where the files
-    to put back must not be written), so the rollback waits."""
+    it was removed (the folder that held it is still the same folder), or
+    is missing with nothing to put back, so only the records are rolled
+    back; "away" when it may come back (a disk not mounted leaves nothing,
+    or an empty mount point, where the files to put back must not be
+    written), so the rollback waits."""
     root = data["root"]
     if _at_or_inside(store.directory, root):
         return "here"  # its store is read from inside it
@@ -3030,16 +3059,37 @@ def _workspace_state(store, data):
         with os.scandir(root) as it:
             empty = next(it, None) is None
     except FileNotFoundError:
-        if "parent_ino" not in data:
-            return "gone"  # a journal from before parent_ino was kept
+        if not to_put_back:
+            return "gone"
         try:
-            parent = os.stat(os.path.dirname(root)).st_ino
+            parent = os.stat(os.path.dirname(root))
         except OSError:
             return "away"
-        return "gone" if parent == data["parent_ino"] else "away"
+        same = [parent.st_dev, parent.st_ino] == data.get("parent_id")
+        return "gone" if same or "parent_id" not in data else "away"
     except OSError:
         return "here"  # let the rollback meet the error and report it
     return "away" if empty and to_put_back else "here"
+
+
+def _keep_undo_content(store, data):
+    """For a rollback whose workspace was removed: the content its files had
+    before the operation stays in the store, named in kept/<op_id>.json (so
+    no clean-up takes it), in case the workspace was only moved. The shas
+    kept."""
+    files = {rel: before for rel, before in data["entries"] if before is not None}
+    if not files:
+        store.log("rollback of %s: the workspace %r was removed; its records are rolled back"
+                  % (data["op_id"], data["root"]))
+        return set()
+    path = os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
+    write_json(path, {"op": data["op"], "root": data["root"], "files": files,
+                      "kept": now_iso()})
+    store.log("rollback of %s: the workspace %r was not found; its records are rolled back, "
+              "and the content its %d file(s) had before the %s stays in the store, listed "
+              "in %r (file -> payload/<sha[:2]>/<sha>)"
+              % (data["op_id"], data["root"], len(files), data["op"], path))
+    return {before[0] for before in files.values()}
 
 
 def _rollback_workspace(store, data):
@@ -4771,7 +4821,7 @@ class Store:
         superset of the content still in use), or None when one of those
         files cannot be read."""
         named, failed = set(), []
-        for top in ("tasks", "journal"):
+        for top in ("tasks", "journal", KEPT_DIRNAME):
             top = os.path.join(self.directory, top)
             if not os.path.isdir(top):
                 continue
@@ -6314,21 +6364,13 @@ class Checkpoints:
 
     @staticmethod
     def _bytes_of(payloads, shas):
-        total = 0
-        for sha in shas:
-            try:
-                total += os.stat(payloads.path(sha)).st_size
-            except OSError:
-                pass
-        return total
+        """The disk space the content shas takes (whole blocks where known)."""
+        return sum(disk_bytes(payloads.path(sha)) for sha in shas)
 
     @staticmethod
     def _bytes_of_record(drift_item):
         records, drift, _entries = drift_item
-        try:
-            return os.stat(records.drift_path(int(drift["id"][1:]))).st_size
-        except OSError:
-            return 0
+        return disk_bytes(records.drift_path(int(drift["id"][1:])))
 
     @staticmethod
     def _mark_compressed(drift_item, shas):

@@ -448,15 +448,13 @@ class RollbackWaitsForItsWorkspace(CrashTest):
     the same folder) has its records rolled back, and the store goes on."""
 
     def interrupted_restore(self, srv, root, journal_base):
-        """Kill srv while a restore of root to step 1 has its journal on disk."""
+        """Kill srv while a restore of root to step 1 has its journal on disk
+        and has written over some of the files."""
         for _attempt in range(5):
             request_id = send(srv, "tc_restore", root=root, index=1, apply=True)
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if os.path.isdir(journal_base) and any(
-                        os.path.exists(os.path.join(journal_base, name, "plan.json"))
-                        for name in os.listdir(journal_base)):
-                    break
+            while time.monotonic() < deadline and not self.some_written(root, journal_base):
+                pass
             answer = kill_and_collect(srv, request_id)
             if answer is None and os.listdir(journal_base):
                 return
@@ -465,6 +463,24 @@ class RollbackWaitsForItsWorkspace(CrashTest):
                 srv.ok("tc_restore", root=root,
                        drift_id=answer["result"]["structuredContent"]["recovered"], apply=True)
         self.fail("the restore always finished before it could be killed")
+
+    @staticmethod
+    def some_written(root, journal_base):
+        try:
+            (name,) = os.listdir(journal_base)
+            plan = os.path.join(journal_base, name, "plan.json")
+            with open(plan, encoding="utf-8") as fh:
+                entries = json.load(fh)["entries"]
+            started = os.stat(plan).st_mtime_ns
+        except (OSError, ValueError):
+            return False
+        for rel, before in entries:
+            try:
+                if before and os.stat(os.path.join(root, rel)).st_mtime_ns >= started:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def setUp(self):
         super().setUp()
@@ -523,15 +539,46 @@ class RollbackWaitsForItsWorkspace(CrashTest):
         self.assertEqual(srv.ok("tc_save", root=self.other, title="free again")["index"], 1)
         self.assertTrue(srv.ok("tc_resume", root=self.ws)["health"]["ok"])
 
-    def test_a_removed_workspace_does_not_block_the_store(self):
+    def test_a_removed_workspace_does_not_block_the_store_and_its_content_is_kept(self):
         self.prepare()
-        shutil.rmtree(self.ws)  # a scratch clone thrown away
+        plan = os.path.join(self.journal_base, os.listdir(self.journal_base)[0], "plan.json")
+        with open(plan, encoding="utf-8") as fh:
+            undo = {rel: before[0] for rel, before in json.load(fh)["entries"] if before}
+        moved = self.ws + "-moved"
+        os.rename(self.ws, moved)  # gone from where it was (moved, or thrown away)
         srv = self.server()
         self.assertTrue(srv.ok("tc_resume", root=self.other)["health"]["ok"])
         self.assertEqual(srv.ok("tc_save", root=self.other, title="goes on")["index"], 1)
         self.assertEqual(os.listdir(self.journal_base) if os.path.isdir(self.journal_base)
                          else [], [])
         self.assertEqual(store_problems(self.shared), [])
+        # What the files held before the restore stays, named, through a compress.
+        srv.ok("tc_compress", root=self.other, keep_seconds=0, minimum=0, maximum=0)
+        kept_dir = os.path.join(self.shared, "kept")
+        (kept,) = os.listdir(kept_dir)
+        with open(os.path.join(kept_dir, kept), encoding="utf-8") as fh:
+            listed = json.load(fh)
+        self.assertEqual(listed["root"], self.ws)
+        self.assertEqual({rel: before[0] for rel, before in listed["files"].items()}, undo)
+        for sha in undo.values():
+            self.assertTrue(os.path.exists(os.path.join(self.shared, "payload", sha[:2], sha)))
+
+    def test_a_workspace_renamed_with_its_store_is_rolled_back_where_it_is_now(self):
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="renamed")
+        srv.ok("tc_save", root=self.root, title="one")
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.root)
+        self.interrupted_restore(srv, self.root,
+                                 os.path.join(self.root, ".checkpoints", "journal"))
+        renamed = self.root + "-renamed"
+        os.rename(self.root, renamed)
+        self.server().call("tc_resume", root=renamed)  # its lock rolls the journal back
+        self.assertTrue(snapshot(renamed) == before, "the unsaved edits did not come back")
+        self.assertEqual(os.listdir(os.path.join(renamed, ".checkpoints", "journal"))
+                         if os.path.isdir(os.path.join(renamed, ".checkpoints", "journal"))
+                         else [], [])
 
 
 def differing(one, other):
