@@ -206,19 +206,26 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 7, proc.stderr)
         self.assertIn("ignoring TC_PYTHON", proc.stderr.decode())
 
+    def tc_mcp_command(self, folder, text):
+        """An environment whose PATH is only a new folder holding a tc-mcp
+        command with text (a #! script), and no Python that imports tc_mcp."""
+        bindir = self.empty_dir(folder)
+        script = os.path.join(bindir, "tc-mcp")
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(script, 0o755)
+        env = clean_env({"PYTHONPATH": None, "TC_PYTHON": None})
+        env["PATH"] = bindir
+        return env
+
     @unittest.skipIf(os.name == "nt", "needs a #! script to run as a command on PATH "
                                       "(Windows runs only .exe, .cmd and the like)")
     def test_a_pipx_install_is_found_through_its_command(self):
         # pipx gives the package a Python of its own: no python3 on PATH can
         # import tc_mcp, but its tc-mcp command is on PATH.
-        bindir = self.empty_dir("pipx-bin")
-        script = os.path.join(bindir, "tc-mcp")
-        with open(script, "w", encoding="utf-8") as fh:
-            fh.write("#!%s -S\nimport sys\nsys.path.insert(0, %r)\n"
-                     "from tc_mcp import main\nsys.exit(main())\n" % (sys.executable, SCRIPTS))
-        os.chmod(script, 0o755)
-        env = clean_env({"PYTHONPATH": None, "TC_PYTHON": None})
-        env["PATH"] = bindir
+        env = self.tc_mcp_command("pipx-bin", "#!%s -S\nimport sys\nsys.path.insert(0, %r)\n"
+                                  "from tc_mcp import main\nsys.exit(main())\n"
+                                  % (sys.executable, SCRIPTS))
         proc = self.run_launcher(["--skill-path"], env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(os.path.realpath(proc.stdout.decode().strip()),
@@ -234,13 +241,7 @@ class LauncherTest(unittest.TestCase):
     @unittest.skipIf(os.name == "nt", "needs a #! script to run as a command on PATH "
                                       "(Windows runs only .exe, .cmd and the like)")
     def test_a_command_of_that_name_that_is_not_the_server_is_passed_over(self):
-        bindir = self.empty_dir("other-bin")
-        script = os.path.join(bindir, "tc-mcp")
-        with open(script, "w", encoding="utf-8") as fh:
-            fh.write("#!/bin/sh\necho something else 1.0\n")
-        os.chmod(script, 0o755)
-        env = clean_env({"PYTHONPATH": None, "TC_PYTHON": None})
-        env["PATH"] = bindir
+        env = self.tc_mcp_command("other-bin", "#!/bin/sh\necho something else 1.0\n")
         proc = self.run_launcher([], env, input=b"")
         err = proc.stderr.decode()
         self.assertEqual(proc.returncode, 1, err)
