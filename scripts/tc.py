@@ -1891,6 +1891,7 @@ class PayloadStore:
 
     def __init__(self, directory):
         self.directory = directory
+        self._prefix = os.path.join(directory, "")
         self.pending = []  # payloads written since the last flush
         self._dirs = set()  # prefix directories known to exist
         self._listings = {}  # prefix -> (mtime_ns, names), see missing()
@@ -1902,7 +1903,10 @@ class PayloadStore:
         return os.path.join(self.directory, sha[:2], sha)
 
     def has(self, sha):
-        return os.path.isfile(self.path(sha))
+        try:  # os.path.isfile, without the join: this runs once per stored file
+            return stat_mod.S_ISREG(os.stat(self._prefix + sha[:2] + os.sep + sha).st_mode)
+        except (OSError, ValueError):
+            return False
 
     def missing(self, shas, *, reuse_listings=False):
         """The shas with no stored content: one listing per prefix directory
@@ -1912,14 +1916,17 @@ class PayloadStore:
 
         reuse_listings (for reports, never for a decision that writes): a
         prefix directory whose modification time is unchanged, and was more
-        than a second old when it was listed, is not listed again.
+        than a second old when it was listed, is not listed again. Reading
+        those times costs a stat per prefix directory, so it is done only
+        where the shas are at least two to a directory on average.
         """
         by_prefix = {}
+        count = 0
         for sha in shas:
             by_prefix.setdefault(sha[:2], []).append(sha)
+            count += 1
         mtimes = None
-        if reuse_listings and len(by_prefix) > 16 and (
-                self._listings or any(len(group) >= 4 for group in by_prefix.values())):
+        if reuse_listings and len(by_prefix) > 16 and count >= 2 * len(by_prefix):
             mtimes = self._prefix_mtimes()
         out = []
         for prefix, group in by_prefix.items():
