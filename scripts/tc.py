@@ -2927,11 +2927,24 @@ class Journal:
             raise
 
     def _write_plan(self, payloads_new):
+        """The new payloads, the store backups and the plan's own bytes are
+        made durable in one batch; only then does the plan get its name."""
         self.data["payloads_new"] = sorted({os.path.basename(p) for p in payloads_new})
-        self.store.payloads.flush()
-        for name in set(self.data["store_backup"].values()) - {None}:
-            fsync_path(os.path.join(self.directory, name), strict=True)
-        write_json(os.path.join(self.directory, "plan.json"), self.data)
+        os.makedirs(self.directory, exist_ok=True)
+        plan = os.path.join(self.directory, "plan.json")
+        staged = stage_record(plan, self.data)
+        backups = [os.path.join(self.directory, name)
+                   for name in sorted(set(self.data["store_backup"].values()) - {None})]
+        try:
+            self.store.payloads.flush_with(backups + [
+                staged, self.directory, os.path.dirname(self.directory)])
+            replace_record(staged, plan)
+        except BaseException as exc:
+            remove_file(staged)
+            if isinstance(exc, OSError) and exc.filename == staged:
+                raise named_after(exc, plan) from None
+            raise
+        fsync_dir(self.directory)
         self.started = True
 
     def temp_name(self, full):
@@ -6165,16 +6178,18 @@ class Checkpoints:
             stats = self._apply_plan(ws, journal, target, plan)
             rows = self._rows_after_restore(snap, target, plan, stats)
             # The recovered record lists what undoing the restore brings back.
+            later = []  # its manifest and record, made durable with the state's bytes
             drift = self._record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
                 lists=(plan["to_delete"], plan["to_replace"], plan["to_write"]),
-                unseen=snap.unseen)
+                later=later, unseen=snap.unseen)
             state["head"] = head_after
             if head_after:
                 state["head_manifest"] = ws.records.read_step(head_after)["manifest"]
             entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
             state["index_manifest"] = target_no if entries_after == target else 0
-            ws.records.write_state(state)
+            ws.records.write_state_with(
+                state, lambda staged: ws.store.payloads.flush_with(later + staged))
             self._keep_index(ws, self._index_after_writes(
                 ws, rows, set(plan["to_write"]) | set(plan["to_replace"]), snap.stamp_ns,
                 set(plan["to_replace"])))
