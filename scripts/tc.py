@@ -6761,23 +6761,27 @@ class Checkpoints:
 
         for item, row in zip(desc["files"], in_parallel(place, desc["files"])):
             rows[item["path"]] = row
-        payloads.flush()  # content another thread of this import stored meanwhile, if any
-        state = self._import_records(ws, desc)
+        # The records, any content another thread of this import stored
+        # meanwhile and the state's bytes are made durable in one batch.
+        later = []
+        state = self._import_records(ws, desc, later)
         recovered = None
         if overwritten:
             new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries))
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import",
-                                           unseen=pre.unseen)["id"]
+                                           later=later, unseen=pre.unseen)["id"]
         written = {item["path"] for item in desc["files"]}
         self._keep_index(ws, self._index_after_writes(
             ws, rows, written, pre.stamp_ns, written.intersection(pre.entries)), whole=True)
-        ws.records.write_state(state)
+        ws.records.write_state_with(state, lambda staged: payloads.flush_with(later + staged))
         self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
         return recovered
 
-    def _import_records(self, ws, desc):
+    def _import_records(self, ws, desc, later):
+        """The imported steps' manifests and records, written for the
+        caller to make durable (see write_record); the new task state."""
         task = desc["task"]
         state = make_state(task_id=ws.task_id, name=task["name"], goal=task.get("goal") or "",
                            constraints=task.get("constraints") or "", root=ws.root,
@@ -6792,9 +6796,9 @@ class Checkpoints:
             steps = [(desc["step"], current)]
         head = desc["step"]["index"] if desc.get("step") else 0
         for step, entries in steps:
-            number = self._record_manifest(ws, state, entries)
+            number = self._record_manifest(ws, state, entries, later)
             record = dict(step, manifest=number)
-            write_record(ws.records.step_path(record["index"]), record)
+            write_record(ws.records.step_path(record["index"]), record, later)
             state["last_step"] = max(state["last_step"], record["index"])
             if record["index"] == head:
                 state["head_manifest"] = number
