@@ -303,6 +303,8 @@ OS_ERROR_ADVICE = {
     errno.EACCES: "Permission denied: fix the permissions and retry.",
     errno.EPERM: "The operation is not permitted there (permissions, or an immutable "
                  "file): fix that and retry.",
+    errno.EIO: "The disk reported an input/output error: check the disk (the system "
+               "log names it) and retry.",
 }
 
 
@@ -350,9 +352,25 @@ def fsync_path(path, *, strict=False):
         os.close(fd)
 
 
-def fsync_dir(path):
+def fsync_dir(path, *, strict=False):
+    """fsync a directory (POSIX only); strict as in fsync_path, for the
+    directory of a rename the caller reports as durable."""
     if os.name == "posix":
-        fsync_path(path)
+        fsync_path(path, strict=strict)
+
+
+def traceback_text():
+    """The exception being handled, with its traceback, for the log. A
+    traceback module that cannot be loaded (a file descriptor limit, a
+    library folder changed under a running server) gives the one-line form:
+    a fault being reported must not become a second one."""
+    kind, value, _tb = sys.exc_info()
+    try:
+        import traceback
+        return traceback.format_exc()
+    except Exception:
+        return "%s: %s (no traceback: the traceback module could not be loaded)" % (
+            getattr(kind, "__name__", kind), value)
 
 
 _GC_PAUSE = {"depth": 0, "was_enabled": False}
@@ -606,7 +624,7 @@ def atomic_write(path, data, *, durable=True):
             raise named_after(exc, path) from None  # a write names no file
         raise
     if durable:
-        fsync_dir(directory)
+        fsync_dir(directory, strict=True)
 
 
 def put_back_file(path, before, log):
@@ -2661,7 +2679,7 @@ class TaskRecords:
             if isinstance(exc, OSError) and exc.filename == staged:
                 raise named_after(exc, self.state_path) from None
             raise
-        fsync_dir(os.path.dirname(self.state_path))
+        fsync_dir(os.path.dirname(self.state_path), strict=True)
 
     def read_step(self, index):
         path = self.step_path(index)
@@ -2944,7 +2962,7 @@ class Journal:
             if isinstance(exc, OSError) and exc.filename == staged:
                 raise named_after(exc, plan) from None
             raise
-        fsync_dir(self.directory)
+        fsync_dir(self.directory, strict=True)
         self.started = True
 
     def temp_name(self, full):
@@ -5778,8 +5796,7 @@ class Checkpoints:
                 step_index=index, entries=entries, payload_path=ws.store.payloads.path,
                 message="checkpoint %s s%04d: %s" % (ws.task_id, index, title))
         except Exception as exc:  # git never fails a save
-            import traceback
-            self.log("git ref failed: %s" % traceback.format_exc())
+            self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))
 
     # -- tc_show ------------------------------------------------------------
@@ -6209,11 +6226,10 @@ class Checkpoints:
                 why = str(failure)
                 self.log("rollback of %s failed: %s" % (what, why))
             else:  # unexpected: the log gets the traceback
-                import traceback
                 why = "%s (details in server.log)" % (describe_os_error(failure)
                                                       if isinstance(failure, OSError)
                                                       else type(failure).__name__)
-                self.log("rollback of %s failed: %s" % (what, traceback.format_exc()))
+                self.log("rollback of %s failed: %s" % (what, traceback_text()))
             first = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
             raise StoreCorrupt("the %s failed (%s) and could not be fully undone yet; the next "
                                "tool call retries the rollback: %s" % (what, first, why)) from None

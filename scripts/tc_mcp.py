@@ -920,8 +920,7 @@ class Server:
                 name, tc.describe_os_error(exc),
                 advice or "Fix the cause (disk space, permissions, a damaged store) and retry.")
             if advice is None:
-                import traceback
-                self.log("%s: %s" % (name, traceback.format_exc()))
+                self.log("%s: %s" % (name, tc.traceback_text()))
             else:
                 self.log(message)
             return tool_result(message, is_error=True)
@@ -945,7 +944,16 @@ class Server:
                                   "one request per line")
         if not isinstance(message, dict):
             return error_response(None, INVALID_REQUEST, "a request must be a JSON object")
-        return self.handle_message(message, seq)
+        try:
+            return self.handle_message(message, seq)
+        except Exception as exc:  # a fault outside every handler: answered, and served on
+            self.log("internal error: %s" % tc.traceback_text())
+            msg_id = message.get("id")
+            if "id" not in message:
+                return None
+            return error_response(msg_id if valid_id(msg_id) else None, INTERNAL_ERROR,
+                                  "internal error: %s (details in server.log)"
+                                  % type(exc).__name__)
 
     def handle_message(self, message, seq=None):
         has_id = "id" in message
@@ -1017,8 +1025,7 @@ class Server:
         except RpcError:
             raise
         except Exception as exc:  # the one place an unexpected fault is turned into -32603
-            import traceback
-            self.log("internal error in %s: %s" % (method, traceback.format_exc()))
+            self.log("internal error in %s: %s" % (method, tc.traceback_text()))
             raise RpcError(INTERNAL_ERROR, "internal error in %s: %s (details in server.log)"
                            % (method, type(exc).__name__)) from None
 

@@ -526,6 +526,8 @@ class InjectedFaultTest(WorkspaceTest):
         res = faulty.call("tc_save", root=self.root, title="two")
         self.assertTrue(res.is_error, res)
         self.assertIn("Input/output error", res.text)
+        self.assertIn("check the disk", res.text)
+        self.assertNotIn("Traceback", faulty.stderr)
         shown = srv.ok("tc_show", root=self.root)
         self.assertEqual([step["index"] for step in shown["steps"]], [1])
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
@@ -574,6 +576,20 @@ class InjectedFaultTest(WorkspaceTest):
         self.assertIn("The disk is full", res.text)
         self.assertNotIn("read-only", res.text)
 
+    def test_a_failed_flush_of_the_state_folder_fails_the_save(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        task_id = srv.ok("tc_init", root=self.root, name="folder flush")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "two\n")
+        # Only the fsync of the folder that holds state.json, after its rename.
+        task_dir = os.path.join(self.store, "tasks", task_id)
+        faulty = self.faulty_server("-P", task_dir, "-e", "trace=fsync",
+                                    "-e", "inject=fsync:error=EIO")
+        res = faulty.call("tc_save", root=self.root, title="two")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("Input/output error", res.text)
+
     def test_a_lock_that_fails_to_unlock_does_not_fail_finished_work(self):
         srv = self.server(env={"TC_WATCH": "off"})
         self.write("a.txt", "one\n")
@@ -585,6 +601,32 @@ class InjectedFaultTest(WorkspaceTest):
         res = faulty.call("tc_save", root=self.root, title="two")
         self.assertFalse(res.is_error, res.text)
         self.assertEqual(res.data["index"], 2)
+
+
+class BrokenLibraryTest(WorkspaceTest):
+    """A module of the standard library that cannot be loaded while the
+    server runs (a file descriptor limit, a Python upgraded underneath)."""
+
+    def test_a_failed_import_fails_the_call_and_the_server_serves_on(self):
+        # Shadows that fail to load: the thread pool a batch of fsyncs uses,
+        # and the module the error handler formats tracebacks with.
+        shadow = os.path.join(self.tmp, "shadow")
+        write(shadow, "concurrent/__init__.py", "raise ImportError('not loadable')\n")
+        write(shadow, "traceback.py", "raise ImportError('not loadable')\n")
+        srv = self.server(env={"TC_WATCH": "off", "PYTHONPATH": shadow})
+        self.write("a.txt", "one\n")
+        srv.ok("tc_init", root=self.root, name="broken library")
+        reply = srv.request("tools/call", {"name": "tc_save",
+                                           "arguments": {"root": self.root, "title": "one"}})
+        self.assertIn("error", reply)
+        self.assertEqual(reply["error"]["code"], -32603)
+        self.assertIn("ImportError", reply["error"]["message"])
+        self.assertIsNone(srv.proc.poll(), "the server exited")
+        shown = srv.ok("tc_show", root=self.root)
+        self.assertEqual(shown["steps"], [])
+        log = os.path.join(self.store, "server.log")
+        with open(log, encoding="utf-8") as fh:
+            self.assertIn("not loadable", fh.read())
 
 
 class RemoveFileTest(unittest.TestCase):
