@@ -1225,6 +1225,42 @@ ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unre
 VANISHED_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
 
 
+# Folders are listed through a descriptor opened without following a link,
+# and only when it is the folder the listing of its parent named: a folder
+# swapped for a link (or a folder on its path swapped) mid-scan is never
+# listed, so no file outside the workspace is taken for one of its own.
+# Where os.scandir takes no descriptor (Windows), folders are listed by path.
+SCAN_BY_DESCRIPTOR = (os.scandir in os.supports_fd and hasattr(os, "O_DIRECTORY")
+                      and hasattr(os, "O_NOFOLLOW"))
+_ROOT_LIST_FLAGS = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+                    | getattr(os, "O_NONBLOCK", 0))
+_FOLDER_LIST_FLAGS = _ROOT_LIST_FLAGS | getattr(os, "O_NOFOLLOW", 0)
+
+
+class FolderChanged(OSError):
+    """The folder at a path is not the one its parent's listing named."""
+
+
+def open_listed_folder(root, prefix, expected):
+    """(descriptor, its stat) of folder prefix under root (root itself for
+    ""), opened without following a link. expected: (inode, device of the
+    parent) from the parent's listing. Another inode (a mount point, or a
+    folder renamed into place) passes only where the kernel places the open
+    folder at path itself, not behind a link on the way."""
+    path = os.path.join(root, prefix) if prefix else root
+    fd = os.open(path, _FOLDER_LIST_FLAGS if prefix else _ROOT_LIST_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if expected is not None and (st.st_ino, st.st_dev) != expected:
+            where = _opened_path(fd, path)
+            if where is None or where.rstrip(os.sep) != path.rstrip(os.sep):
+                raise FolderChanged(errno.ENOTDIR, "changed while it was read", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def scan_tree(root, policy, dirs=None):
     """Walk root without following symlinks; stat only, never read content.
 
@@ -1240,18 +1276,28 @@ def scan_tree(root, policy, dirs=None):
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
     cancel = cancel_event()
-    stack = [("", False, None)]
+    by_descriptor = SCAN_BY_DESCRIPTOR
+    stack = [("", False, None)]  # (prefix, in a sensitive folder, (inode, parent's device))
     while stack:
         if cancel is not None and cancel.is_set():
             raise Cancelled(CANCELLED_TEXT)
-        prefix, in_sensitive, inode = stack.pop()
+        prefix, in_sensitive, expected = stack.pop()
+        fd = None
         try:
-            it = os.scandir(os.path.join(root, prefix) if prefix else root)
+            if by_descriptor:
+                fd, folder = open_listed_folder(root, prefix, expected)
+                device, inode = folder.st_dev, folder.st_ino
+                it = os.scandir(fd)
+            else:
+                device, inode = None, expected[0] if expected else None
+                it = os.scandir(os.path.join(root, prefix) if prefix else root)
         except OSError as exc:
+            if fd is not None:
+                os.close(fd)
             if not prefix:  # nothing at all can be known: no snapshot, no "all deleted"
                 raise
-            if exc.errno in VANISHED_ERRNOS:
-                continue  # removed since its parent was listed
+            if exc.errno in VANISHED_ERRNOS and not isinstance(exc, FolderChanged):
+                continue  # removed (or made a link) since its parent was listed
             skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
                             "directory: %s" % (exc.strerror or exc.__class__.__name__)})
             unreadable.append(prefix)
@@ -1263,52 +1309,56 @@ def scan_tree(root, policy, dirs=None):
                 except OSError:
                     inode = 0
             dirs.append((prefix[:-1], inode))
-        with it:
-            try:
-                for entry in it:
-                    name = entry.name
-                    if excluded(name):
-                        continue
-                    rel = prefix + name
-                    if not name.isascii() and not utf8_name(name):
-                        skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
-                                        "reason": "name is not valid UTF-8"})
-                        continue
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            if rel != store_rel:
-                                stack.append((rel + "/", in_sensitive or sensitive_dir(name),
-                                              entry.inode()))
+        try:
+            with it:
+                try:
+                    for entry in it:
+                        name = entry.name
+                        if excluded(name):
                             continue
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError as exc:
-                        if exc.errno in VANISHED_ERRNOS:
-                            continue  # removed since the folder was listed
-                        skipped.append({"path": rel, "reason": "unreadable: %s"
-                                        % (exc.strerror or exc)})
-                        unreadable.append(rel)
-                        continue
-                    mode = st.st_mode
-                    if not is_regular(mode):
-                        skipped.append({"path": rel, "reason": "symlink (not followed)"
-                                        if is_link(mode) else "not a regular file"})
-                        continue
-                    files[rel] = make_info(StatInfo, (
-                        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                        mode & 0o7777, in_sensitive or sensitive_file(name)))
-            except OSError as exc:  # the listing broke off partway
-                if not prefix:
-                    raise
-                # The folder is unknown as a whole, like one that cannot be
-                # opened: what was already taken from it is dropped again.
-                files = {rel: info for rel, info in files.items() if not rel.startswith(prefix)}
-                stack = [item for item in stack if not item[0].startswith(prefix)]
-                skipped = [item for item in skipped
-                           if not (item["path"] + "/").startswith(prefix)]
-                unreadable = [rel for rel in unreadable if not rel.startswith(prefix)]
-                skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
-                                "directory: %s" % (exc.strerror or exc.__class__.__name__)})
-                unreadable.append(prefix)
+                        rel = prefix + name
+                        if not name.isascii() and not utf8_name(name):
+                            skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
+                                            "reason": "name is not valid UTF-8"})
+                            continue
+                        try:
+                            if entry.is_dir(follow_symlinks=False):
+                                if rel != store_rel:
+                                    stack.append((rel + "/", in_sensitive or sensitive_dir(name),
+                                                  (entry.inode(), device)))
+                                continue
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError as exc:
+                            if exc.errno in VANISHED_ERRNOS:
+                                continue  # removed since the folder was listed
+                            skipped.append({"path": rel, "reason": "unreadable: %s"
+                                            % (exc.strerror or exc)})
+                            unreadable.append(rel)
+                            continue
+                        mode = st.st_mode
+                        if not is_regular(mode):
+                            skipped.append({"path": rel, "reason": "symlink (not followed)"
+                                            if is_link(mode) else "not a regular file"})
+                            continue
+                        files[rel] = make_info(StatInfo, (
+                            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                            mode & 0o7777, in_sensitive or sensitive_file(name)))
+                except OSError as exc:  # the listing broke off partway
+                    if not prefix:
+                        raise
+                    # The folder is unknown as a whole, like one that cannot be
+                    # opened: what was already taken from it is dropped again.
+                    files = {rel: info for rel, info in files.items() if not rel.startswith(prefix)}
+                    stack = [item for item in stack if not item[0].startswith(prefix)]
+                    skipped = [item for item in skipped
+                               if not (item["path"] + "/").startswith(prefix)]
+                    unreadable = [rel for rel in unreadable if not rel.startswith(prefix)]
+                    skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
+                                    "directory: %s" % (exc.strerror or exc.__class__.__name__)})
+                    unreadable.append(prefix)
+        finally:
+            if fd is not None:
+                os.close(fd)
     return ScanResult(files, skipped, started, unreadable)
 
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import unittest
 
 from support import SCRIPTS, WorkspaceTest, can_symlink, make_git_repo, git, write, read
@@ -305,6 +306,51 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
             for name in names:
                 with open(os.path.join(dirpath, name), "rb") as fh:
                     self.assertNotIn(b"OUTSIDE SECRET", fh.read())
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_folder_swapped_back_and_forth_during_scans_never_lets_outside_in(self):
+        # A real race: another thread keeps swapping sub/ (a folder with a
+        # folder in it) for a link to an outside folder of the same shape
+        # while saves and captures scan.
+        self.outside = os.path.join(self.tmp, "outside")
+        for n in range(12):
+            write(self.outside, "f%02d.txt" % n, "OUTSIDE %d\n" % n)
+            write(self.outside, "deep/g%02d.txt" % n, "OUTSIDE deep %d\n" % n)
+            self.write("sub/f%02d.txt" % n, "inside %d\n" % n)
+            self.write("sub/deep/g%02d.txt" % n, "inside deep %d\n" % n)
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "race")
+        stop = threading.Event()
+        sub, moved = os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved")
+
+        def swapper():
+            while not stop.is_set():
+                os.rename(sub, moved)
+                os.symlink(self.outside, sub, target_is_directory=True)
+                time.sleep(0.0005)
+                os.remove(sub)
+                os.rename(moved, sub)
+                time.sleep(0.0005)
+
+        thread = threading.Thread(target=swapper)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 2.0
+            count = 0
+            while time.monotonic() < deadline:
+                self.write("top.txt", "round %d\n" % count)  # something to record each time
+                if count % 2:
+                    cp.capture(self.root)
+                else:
+                    cp.save(self.root, "round %d" % count)
+                count += 1
+        finally:
+            stop.set()
+            thread.join()
+        for dirpath, _dirs, names in os.walk(os.path.join(self.store, "payload")):
+            for name in names:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    self.assertNotIn(b"OUTSIDE", fh.read(), "after %d scans" % count)
 
     def swap_sub(self):
         """Replace sub/ by a link to the outside folder."""
