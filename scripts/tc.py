@@ -998,24 +998,32 @@ def ignore_in_git(directory):
         pass
 
 
+def looks_like_store(path):
+    return (os.path.isfile(os.path.join(path, "state.lock"))
+            and os.path.isfile(os.path.join(path, "current.json"))
+            and os.path.isdir(os.path.join(path, "tasks")))
+
+
+# Every name a store holds at its top level (see the README's storage layout).
+STORE_TOP_NAMES = frozenset({".gitignore", "state.lock", "clock", "current.json", "writing",
+                             "journal", KEPT_DIRNAME, "server.log", "payload", "git", "tasks"})
+
+
 def store_or_empty(path):
-    """True for a missing or empty directory, or one that already is a store.
-    A .gitignore alone (the one every store holds, or the user's) still counts
-    as empty."""
+    """True for a missing or empty directory, or one that already is a store:
+    a complete one, or one a first init left partway (its lock or tasks
+    folder, and nothing a store does not hold: a project that happens to
+    have a tasks folder is not taken over). A .gitignore alone (the one every
+    store holds, or the user's) still counts as empty."""
     try:
         names = os.listdir(path)
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    return (not [n for n in names if n != ".gitignore"]
-            or "state.lock" in names or "tasks" in names)
-
-
-def looks_like_store(path):
-    return (os.path.isfile(os.path.join(path, "state.lock"))
-            and os.path.isfile(os.path.join(path, "current.json"))
-            and os.path.isdir(os.path.join(path, "tasks")))
+    return (not [n for n in names if n != ".gitignore"] or looks_like_store(path)
+            or (("state.lock" in names or "tasks" in names)
+                and STORE_TOP_NAMES.issuperset(names)))
 
 
 def enclosing_store(path):

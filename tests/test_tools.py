@@ -15,7 +15,7 @@ import tempfile
 import unittest
 
 import support
-from support import Server, WorkspaceTest, tree_listing
+from support import Server, WorkspaceTest, snapshot, tree_listing, write
 
 # The result fields the contract promises for each tool ("all present").
 CONTRACT_RESULTS = {
@@ -363,6 +363,20 @@ class InitSwitchTest(ToolsTest):
         with open(os.path.join(other, "notes.txt"), "w") as fh:
             fh.write("mine\n")
         self.refused("tc_init", root=self.root, name="x", store=other)
+
+    def test_a_project_with_a_tasks_folder_is_not_taken_for_a_store(self):
+        project = os.path.join(self.tmp, "project")
+        write(project, "README.md", "mine\n")
+        write(project, "tasks/todo.md", "- one\n")
+        before = snapshot(project, skip=())
+        res = self.refused("tc_init", root=self.root, name="x", store=project)
+        self.assertIn("other files", res.text)
+        self.assertEqual(snapshot(project, skip=()), before)
+        # A store a first init left partway (its lock and tasks folder) is one.
+        partway = os.path.join(self.tmp, "partway")
+        os.makedirs(os.path.join(partway, "tasks"))
+        write(partway, "state.lock", "")
+        self.assertIs(self.init(store=partway)["store_is_external"], True)
 
     def test_store_from_the_environment(self):
         env_store = os.path.join(self.tmp, "env-store")
