@@ -237,6 +237,12 @@ class Conflict(CheckpointError):
     pass
 
 
+class PathTaken(CheckpointError):
+    """A rollback cannot put a file back without removing what was made at
+    its path since: a folder with files in it, or a file where one of its
+    folders was."""
+
+
 class StoreCorrupt(CheckpointError):
     pass
 
@@ -3068,7 +3074,12 @@ def _put_back(payloads, full, before, guard):
             rmdir_within(full, guard)
         except OSError:
             pass
-    make_dirs_within(os.path.dirname(full), guard)
+        if os.path.isdir(full) and not os.path.islink(full):
+            raise PathTaken("a folder with files in it is there now")
+    try:
+        make_dirs_within(os.path.dirname(full), guard)
+    except (FileExistsError, NotADirectoryError):
+        raise PathTaken("one of its folders is a file now") from None
     tmp = sibling_temp(full, "rollback")
     remove_within(tmp, guard)
     try:
@@ -3083,6 +3094,12 @@ def _put_back(payloads, full, before, guard):
             payloads.copy_out(sha, tmp, mode, within=guard)
         replace_within(tmp, full, guard)
     except OSError as exc:
+        try:
+            remove_within(tmp, guard)
+        except (OSError, UnsafePath):
+            pass
+        if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):  # taken meanwhile
+            raise PathTaken("a folder is there now") from None
         if exc.filename == tmp:
             raise named_after(exc, full) from None
         raise
@@ -3178,9 +3195,7 @@ def _keep_undo_content(store, data):
         store.log("rollback of %s: the workspace %r was removed; its records are rolled back"
                   % (data["op_id"], data["root"]))
         return set()
-    path = os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
-    write_json(path, {"op": data["op"], "root": data["root"], "files": files,
-                      "kept": now_iso()})
+    path = _write_kept(store, data, files)
     store.log("rollback of %s: the workspace %r was not found; its records are rolled back, "
               "and the content its %d file(s) had before the %s stays in the store, listed "
               "in %r (file -> payload/<sha[:2]>/<sha>)"
@@ -3188,19 +3203,29 @@ def _keep_undo_content(store, data):
     return {before[0] for before in files.values()}
 
 
+def _write_kept(store, data, files):
+    """List files ({rel: (sha, mode)}) whose content a rollback keeps in the
+    store in kept/<op_id>.json, which clean-ups count as a record; its path."""
+    path = os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
+    write_json(path, {"op": data["op"], "root": data["root"], "files": files,
+                      "kept": now_iso()})
+    return path
+
+
 def _rollback_workspace(store, data):
     """Every journaled path back to its recorded content (or absence).
 
     A file that cannot go back is logged and passed over, so that one file
     never keeps the store's rollback from finishing: its folder now leads
-    outside the workspace (its content stays in the store, until tc_compress
-    reclaims it), or its stored copy is damaged. Returns (the content kept
-    for the first kind, the paths of both kinds)."""
+    outside the workspace, or something was made at its path since that
+    putting it back would remove (its content stays in the store, listed in
+    kept/<op_id>.json), or its stored copy is damaged. Returns (the content
+    kept, the paths not put back)."""
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
-    stranded, not_back = set(), []
+    kept, not_back = {}, []
     for rel, before in reversed(data["entries"]):
         try:
             full = safe_workspace_path(root, rel)
@@ -3211,13 +3236,14 @@ def _rollback_workspace(store, data):
                     remove_within(full, guard)
             else:
                 _put_back(store.payloads, full, before, guard)
-        except UnsafePath:  # now leads outside: nothing there is the workspace's to undo
+        except (UnsafePath, PathTaken) as exc:  # nothing there is the rollback's to undo
             if before is not None:
-                stranded.add(before[0])
+                kept[rel] = before
                 not_back.append(rel)
-                store.log("rollback: %r was not put back, its folder now leads outside the "
-                          "workspace; its content stays in the store as %s"
-                          % (rel, store.payloads.path(before[0])))
+                why = ("its folder now leads outside the workspace"
+                       if isinstance(exc, UnsafePath) else str(exc))
+                store.log("rollback: %r was not put back, %s; its content stays in the store "
+                          "as %s" % (rel, why, store.payloads.path(before[0])))
         except StoreCorrupt as exc:
             not_back.append(rel)
             store.log("rollback: %r was not put back: %s" % (rel, exc))
@@ -3229,7 +3255,11 @@ def _rollback_workspace(store, data):
             rmdir_within(os.path.join(root, rel), guard)
         except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
             pass
-    return stranded, not_back
+    if kept:
+        store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
+                  "(file -> payload/<sha[:2]>/<sha>)"
+                  % (data["op_id"], len(kept), _write_kept(store, data, kept)))
+    return {before[0] for before in kept.values()}, not_back
 
 
 def _rollback_records(store, directory, data):

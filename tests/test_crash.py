@@ -112,6 +112,41 @@ class CrashTest(WorkspaceTest):
         shown = srv.ok("tc_show", root=self.root, limit=200)
         return [step["index"] for step in shown["steps"]]
 
+    def interrupted_restore(self, srv, root, journal_base):
+        """Kill srv while a restore of root to step 1 has its journal on disk
+        and has written over some of the files."""
+        for _attempt in range(5):
+            request_id = send(srv, "tc_restore", root=root, index=1, apply=True)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not self.some_written(root, journal_base):
+                pass
+            answer = kill_and_collect(srv, request_id)
+            if answer is None and os.listdir(journal_base):
+                return
+            srv = self.server()  # it finished first: undo it and try again
+            if answer is not None:
+                srv.ok("tc_restore", root=root,
+                       drift_id=answer["result"]["structuredContent"]["recovered"], apply=True)
+        self.fail("the restore always finished before it could be killed")
+
+    @staticmethod
+    def some_written(root, journal_base):
+        try:
+            (name,) = os.listdir(journal_base)
+            plan = os.path.join(journal_base, name, "plan.json")
+            with open(plan, encoding="utf-8") as fh:
+                entries = json.load(fh)["entries"]
+            started = os.stat(plan).st_mtime_ns
+        except (OSError, ValueError):
+            return False
+        for rel, before in entries:
+            try:
+                if before and os.stat(os.path.join(root, rel)).st_mtime_ns >= started:
+                    return True
+            except OSError:
+                continue
+        return False
+
     def newest_drift(self, srv):
         shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
         ids = []
@@ -447,41 +482,6 @@ class RollbackWaitsForItsWorkspace(CrashTest):
     stand-in. A workspace that was removed (the folder that held it is still
     the same folder) has its records rolled back, and the store goes on."""
 
-    def interrupted_restore(self, srv, root, journal_base):
-        """Kill srv while a restore of root to step 1 has its journal on disk
-        and has written over some of the files."""
-        for _attempt in range(5):
-            request_id = send(srv, "tc_restore", root=root, index=1, apply=True)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not self.some_written(root, journal_base):
-                pass
-            answer = kill_and_collect(srv, request_id)
-            if answer is None and os.listdir(journal_base):
-                return
-            srv = self.server()  # it finished first: undo it and try again
-            if answer is not None:
-                srv.ok("tc_restore", root=root,
-                       drift_id=answer["result"]["structuredContent"]["recovered"], apply=True)
-        self.fail("the restore always finished before it could be killed")
-
-    @staticmethod
-    def some_written(root, journal_base):
-        try:
-            (name,) = os.listdir(journal_base)
-            plan = os.path.join(journal_base, name, "plan.json")
-            with open(plan, encoding="utf-8") as fh:
-                entries = json.load(fh)["entries"]
-            started = os.stat(plan).st_mtime_ns
-        except (OSError, ValueError):
-            return False
-        for rel, before in entries:
-            try:
-                if before and os.stat(os.path.join(root, rel)).st_mtime_ns >= started:
-                    return True
-            except OSError:
-                continue
-        return False
-
     def setUp(self):
         super().setUp()
         self.disk = os.path.join(self.tmp, "disk")  # stands for a mount point
@@ -579,6 +579,58 @@ class RollbackWaitsForItsWorkspace(CrashTest):
         self.assertEqual(os.listdir(os.path.join(renamed, ".checkpoints", "journal"))
                          if os.path.isdir(os.path.join(renamed, ".checkpoints", "journal"))
                          else [], [])
+
+
+class RollbackMeetsATakenPath(CrashTest):
+    """After a crash mid-restore, the user made something at the path of a
+    file the rollback would put back: a folder with a file in it where the
+    file was, a file where its folder was. The rollback leaves what is
+    there, puts every other file back, keeps the content it could not put
+    back, and the store goes on."""
+
+    def test_the_rollback_leaves_a_taken_path_alone_and_keeps_its_content(self):
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="taken")
+        srv.ok("tc_save", root=self.root, title="one")
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.root)
+        journal_base = os.path.join(self.store, "journal")
+        self.interrupted_restore(srv, self.root, journal_base)
+        plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
+        with open(plan, encoding="utf-8") as fh:
+            undo = {rel: before[0] for rel, before in json.load(fh)["entries"] if before}
+        first = sorted(undo)[0]
+        folder = next(rel.rsplit("/", 1)[0] for rel in sorted(undo)
+                      if not rel.startswith(first.split("/")[0] + "/"))
+        victim = os.path.join(self.root, *first.split("/"))
+        if os.path.exists(victim):
+            os.remove(victim)
+        write_bytes(victim, "mine.txt", b"made after the crash\n")
+        shutil.rmtree(os.path.join(self.root, *folder.split("/")))
+        write_bytes(self.root, folder, b"a file where a folder was\n")
+        taken = {rel for rel in undo if rel == first or rel.startswith(folder + "/")}
+
+        srv = self.server()
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="goes on")["index"], 2)
+        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
+        now = snapshot(self.root)
+        self.assertEqual(now[first + "/mine.txt"][0], b"made after the crash\n")
+        self.assertEqual(now[folder][0], b"a file where a folder was\n")
+        for rel, data in before.items():
+            if rel != first and not rel.startswith(folder + "/"):
+                self.assertTrue(now.get(rel) == data, "%s was not put back" % rel)
+        (kept,) = os.listdir(os.path.join(self.store, "kept"))
+        with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
+            listed = json.load(fh)["files"]
+        self.assertEqual({rel: sha for rel, (sha, _mode) in listed.items()},
+                         {rel: undo[rel] for rel in taken})
+        srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0, maximum=0)
+        for rel in taken:
+            sha = undo[rel]
+            with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
+                self.assertEqual(hashlib.sha256(fh.read()).hexdigest(), sha)
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
 
 
 def differing(one, other):
