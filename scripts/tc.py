@@ -5976,7 +5976,8 @@ class Checkpoints:
             recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
         try:
             scan = scan_tree(ws.root, self._policy(ws))
-            drift_paths, skipped = self._drift_paths(scan, index_doc), scan.skipped
+            drift_paths, skipped = self._readable_drift(
+                ws, self._drift_paths(scan, index_doc), scan.skipped)
         except OSError as exc:  # the progress is still worth giving
             drift_paths, skipped = [], [{"path": ".", "reason": "unreadable directory: %s"
                                          % (exc.strerror or exc.__class__.__name__)}]
@@ -6003,7 +6004,8 @@ class Checkpoints:
         errors = []
         index_doc = self._read_index_checked(ws, errors)
         try:
-            drift_paths = self._drift_paths(scan_tree(ws.root, self._policy(ws)), index_doc)
+            drift_paths = self._readable_drift(
+                ws, self._drift_paths(scan_tree(ws.root, self._policy(ws)), index_doc), [])[0]
         except OSError:
             return []
         recorded = self._recorded_since_step(ws, state, None if errors else index_doc)
@@ -6064,6 +6066,20 @@ class Checkpoints:
         if ws.records.index_error:
             errors.append("%s (it is rebuilt by the next save)" % ws.records.index_error)
         return doc
+
+    @staticmethod
+    def _readable_drift(ws, paths, skipped):
+        """paths without the files this process may not read, which no save
+        can record either: they go to skipped (a new list) instead, so an
+        unreadable file is not reported as unsaved work forever."""
+        readable, skipped = [], list(skipped)
+        for rel in paths:
+            full = os.path.join(ws.root, *rel.split("/"))
+            if os.path.lexists(full) and not os.access(full, os.R_OK):
+                skipped.append({"path": rel, "reason": "unreadable: Permission denied"})
+            else:
+                readable.append(rel)
+        return readable, skipped
 
     @staticmethod
     def _drift_paths(scan, index_doc):

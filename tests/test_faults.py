@@ -505,6 +505,39 @@ class UnreadableFolderTest(WorkspaceTest):
         self.assertEqual([step["index"] for step in shown["steps"]], [1])
 
 
+class UnreadableFileTest(WorkspaceTest):
+    """A file the server's user may not read: no save can record it, so it
+    is listed as skipped, never as unsaved work."""
+
+    def unprivileged_server(self):
+        command = list(SERVER_COMMAND)
+        if is_root():
+            if not shutil.which("setpriv"):
+                self.skipTest("running as root without setpriv: permissions are not enforced")
+            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + command
+            os.chmod(self.tmp, 0o755)
+            for dirpath, _dirs, names in os.walk(self.root):
+                for path in [dirpath] + [os.path.join(dirpath, n) for n in names]:
+                    os.chown(path, 65534, 65534)
+        return self.server(env={"TC_WATCH": "off"}, command=command)
+
+    @unittest.skipUnless(keeps_mode_bits(), "needs permission bits that stop a read")
+    def test_an_unreadable_file_is_skipped_not_reported_as_unsaved(self):
+        self.write("a.txt", "one\n")
+        self.write("locked.txt", "nobody may read this\n", mode=0o200)
+        srv = self.unprivileged_server()
+        srv.ok("tc_init", root=self.root, name="locked")
+        saved = srv.ok("tc_save", root=self.root, title="one")
+        self.assertIn("locked.txt", [item["path"] for item in saved["skipped_paths"]])
+        resume = srv.ok("tc_resume", root=self.root)
+        self.assertEqual(resume["drift_paths"], [])
+        self.assertEqual(resume["changed_since_step"], [])
+        self.assertIn("locked.txt", [item["path"] for item in resume["skipped"]])
+        self.assertNotIn("locked.txt", resume["handoff"])
+        self.write("a.txt", "two\n")  # a real change is still reported
+        self.assertEqual(srv.ok("tc_resume", root=self.root)["drift_paths"], ["a.txt"])
+
+
 class InjectedFaultTest(WorkspaceTest):
     """Errors only a failing disk gives, injected with strace."""
 
