@@ -4599,6 +4599,7 @@ class _GitRunner:
         differs from the one computed here is refused rather than committed.
         """
         os.makedirs(self.store_git, exist_ok=True)
+        self._sweep_trees()
         paths = []
         try:
             for _, rows in trees:
@@ -4611,11 +4612,28 @@ class _GitRunner:
             made = self.hash_blobs(paths, kind="tree")
         finally:
             for path in paths:
-                remove_file(path)
+                try:
+                    remove_file(path)
+                except OSError:  # the trees are written; the next call sweeps it
+                    pass
         expected = [tree_id for tree_id, _ in trees]
         if made != expected:
             raise GitCommandFailed("git wrote trees %s, expected %s"
                                    % (" ".join(made[:3]), " ".join(expected[:3])))
+
+    def _sweep_trees(self):
+        """Remove tree files an earlier call could not (its removal refused).
+        Refs are written under the store lock, so none of them is in use."""
+        try:
+            names = os.listdir(self.store_git)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(".tmp-tree-"):
+                try:
+                    remove_file(os.path.join(self.store_git, name))
+                except OSError:
+                    pass
 
     def commit_tree(self, tree, parent, message):
         args = ["commit-tree", "--no-gpg-sign", tree]

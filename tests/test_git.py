@@ -457,6 +457,28 @@ class RefusalsAndFailuresTest(GitCase):
         second = srv.ok("tc_save", root=self.root, title="two")
         self.assertEqual(second["git"]["ref"], ref_of(task, 2), second["git"])
 
+    def test_a_tree_file_that_cannot_be_removed_costs_no_ref_and_is_swept(self):
+        if not shutil.which("strace"):
+            self.skipTest("needs strace")
+        make_git_repo(self.root)
+        self.write("src/a.txt", "a\n")
+        srv, task = self.start()
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("src/a.txt", "b\n")
+        # Every unlink of the server's main thread (where refs are written) is refused.
+        command = ["strace", "-qq", "-o", os.devnull, "-e", "trace=unlink,unlinkat",
+                   "-e", "inject=unlink,unlinkat:error=EROFS"] + list(support.SERVER_COMMAND)
+        refused = self.server(command=command)
+        two = refused.ok("tc_save", root=self.root, title="two")
+        self.assertEqual(two["git"]["ref"], ref_of(task, 2), two["git"])
+        git_dir = os.path.join(self.store, "git")
+        self.assertTrue([n for n in os.listdir(git_dir) if n.startswith(".tmp-tree-")],
+                        "the injected refusal did not reach the tree files")
+        self.write("src/a.txt", "c\n")
+        three = srv.ok("tc_save", root=self.root, title="three")
+        self.assertEqual(three["git"]["ref"], ref_of(task, 3), three["git"])
+        self.assertEqual([n for n in os.listdir(git_dir) if n.startswith(".tmp-")], [])
+
     def test_idempotent_save_and_close_make_no_ref(self):
         make_git_repo(self.root)
         self.write("a.txt", "a\n")
