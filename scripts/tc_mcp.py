@@ -353,6 +353,13 @@ def type_ok(value, expected):
     return isinstance(value, JSON_TYPES[expected])
 
 
+def brief(value, limit=60):
+    """repr(value), cut to about limit characters: a name a client made up
+    is echoed in an error, never at whatever length it was sent."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def check_value(name, value, schema):
     """None when value fits schema, else a sentence naming the argument."""
     expected = schema.get("type")
@@ -363,9 +370,11 @@ def check_value(name, value, schema):
             name, "an" if expected[0] in "aeiou" else "a", expected, describe_json(value))
     if expected == "integer":
         if "minimum" in schema and value < schema["minimum"]:
-            return "argument %r must be >= %d, got %d" % (name, schema["minimum"], value)
+            return "argument %r must be >= %d, got %s" % (name, schema["minimum"],
+                                                          brief(value))
         if "maximum" in schema and value > schema["maximum"]:
-            return "argument %r must be <= %d, got %d" % (name, schema["maximum"], value)
+            return "argument %r must be <= %d, got %s" % (name, schema["maximum"],
+                                                          brief(value))
     if expected == "string":
         try:
             value.encode("utf-8")
@@ -403,6 +412,9 @@ def describe_json(value):
     return "an object"
 
 
+UNKNOWN_NAMES_SHOWN = 5
+
+
 def check_arguments(arguments, schema):
     """A list of problems with arguments; empty when they fit the schema."""
     problems = []
@@ -410,13 +422,20 @@ def check_arguments(arguments, schema):
     for name in schema["required"]:
         if name not in arguments:
             problems.append("missing required argument %r" % name)
+    unknown = []
     for name, value in arguments.items():
         if name not in properties:
-            problems.append("unknown argument %r (accepted: %s)" % (name, ", ".join(properties)))
+            unknown.append(name)
             continue
         problem = check_value(name, value, properties[name])
         if problem:
             problems.append(problem)
+    if unknown:
+        named = ", ".join(brief(name) for name in unknown[:UNKNOWN_NAMES_SHOWN])
+        if len(unknown) > UNKNOWN_NAMES_SHOWN:
+            named += " and %d more" % (len(unknown) - UNKNOWN_NAMES_SHOWN)
+        problems.append("unknown argument%s %s (accepted: %s)" % (
+            "s" if len(unknown) > 1 else "", named, ", ".join(properties)))
     return problems
 
 
@@ -890,8 +909,8 @@ class Server:
             raise RpcError(INVALID_PARAMS, "tools/call needs params with a tool name")
         name = params.get("name")
         if not isinstance(name, str) or name not in TOOL_SPECS:
-            raise RpcError(INVALID_PARAMS, "unknown tool %r; tools/list names the ten tools"
-                           % (name,))
+            raise RpcError(INVALID_PARAMS, "unknown tool %s; tools/list names the ten tools"
+                           % brief(name))
         arguments = params.get("arguments")
         if arguments is None:
             arguments = {}
@@ -982,7 +1001,7 @@ class Server:
             # The envelope is checked first, whatever the method.
             enveloped = method != "initialize" and enveloped_version(params)
             if handler is None:
-                raise RpcError(METHOD_NOT_FOUND, "method %r not found" % method)
+                raise RpcError(METHOD_NOT_FOUND, "method %s not found" % brief(method))
             if params is not None and not isinstance(params, (dict, list)):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
             if method == "tools/call" and seq is not None:

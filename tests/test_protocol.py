@@ -482,6 +482,19 @@ class ToolCallErrorsTest(ProtocolTest):
         self.assert_argument_error("tc_init", "colour", root=self.root, name="x", colour="red")
         self.assertEqual(os.listdir(self.root), [])
 
+    def test_made_up_names_are_echoed_briefly(self):
+        # Many long unknown names: the message names a few, shortened, and counts the rest.
+        many = {"x%05d%s" % (n, "y" * 200): n for n in range(2000)}
+        res = self.assert_argument_error("tc_show", "x00000", root=self.root, **many)
+        self.assertIn("and 1995 more", res.text)
+        self.assertLess(len(res.text), 2000)
+        reply = self.srv.request("tools/call", {"name": "t" * 100000, "arguments": {}})
+        self.assert_error(reply, (-32602,), ids=(self.srv._id,))
+        self.assertLess(len(reply["error"]["message"]), 200)
+        reply = self.srv.request("m" * 100000)
+        self.assert_error(reply, (-32601,), ids=(self.srv._id,))
+        self.assertLess(len(reply["error"]["message"]), 200)
+
     def test_out_of_range(self):
         self.assert_argument_error("tc_show", "limit", root=self.root, limit=0)
         self.assert_argument_error("tc_show", "limit", root=self.root, limit=201)
