@@ -4261,9 +4261,15 @@ def stderr_summary(stderr):
     return " / ".join((wanted or lines)[:3]) or "no message"
 
 
+def git_message_text(message):
+    """message as git takes it in a commit or on a command line: a NUL
+    (which git refuses, and no argument can hold) is written as \\0."""
+    return (message or "").replace("\0", "\\0")
+
+
 def reflog_message(message):
     """One line for the reflog (update-ref refuses line breaks)."""
-    first = (message or "").strip().splitlines()[:1]
+    first = git_message_text(message).strip().splitlines()[:1]
     return "checkpoint: " + (first[0][:200] if first else "step")
 
 
@@ -4639,7 +4645,8 @@ class _GitRunner:
         args = ["commit-tree", "--no-gpg-sign", tree]
         if parent:
             args += ["-p", parent]
-        out, _ = self.run(args, input=(message or "checkpoint").encode("utf-8") + b"\n")
+        text = git_message_text(message) or "checkpoint"
+        out, _ = self.run(args, input=text.encode("utf-8") + b"\n")
         return out.decode("ascii").strip()
 
     def create_ref(self, ref, commit, message):

@@ -479,6 +479,15 @@ class RefusalsAndFailuresTest(GitCase):
         self.assertEqual(three["git"]["ref"], ref_of(task, 3), three["git"])
         self.assertEqual([n for n in os.listdir(git_dir) if n.startswith(".tmp-")], [])
 
+    def test_a_title_with_a_nul_still_gets_its_ref(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "a\n")
+        srv, task = self.start()
+        saved = srv.ok("tc_save", root=self.root, title="ran tests\x00 output")
+        self.assertEqual(saved["git"]["ref"], ref_of(task, 1), saved["git"])
+        message = git(self.root, "log", "-1", "--format=%B", ref_of(task, 1))
+        self.assertIn(b"ran tests\\0 output", message)
+
     def test_idempotent_save_and_close_make_no_ref(self):
         make_git_repo(self.root)
         self.write("a.txt", "a\n")
