@@ -114,7 +114,11 @@ CONFIG_SUFFIX_SET = frozenset(CONFIG_SUFFIXES)
 
 TRUE_WORDS = {"1", "on", "true", "yes"}
 FALSE_WORDS = {"0", "off", "false", "no"}
-PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+# A task id is also a folder name and a git ref component: no "..", and no
+# ending in "." or ".lock".
+PLAIN_ID = re.compile(r"^(?!.*\.\.)(?!.*\.lock\Z)(?!.*\.\Z)[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+# Steps are numbered from 1; their files take up to nine digits (s000000001).
+MAX_STEP = 999_999_999
 DRIFT_ID = re.compile(r"^d[0-9]{4,9}\Z")
 
 
@@ -1060,8 +1064,8 @@ def validate_abs_dir(value, name):
 
 def validate_task_id(task_id, name="task_id"):
     if not isinstance(task_id, str) or not PLAIN_ID.match(task_id):
-        raise InvalidArgument("%s %r is not a valid task id (letters, digits, '.', '_', '-')"
-                              % (name, task_id))
+        raise InvalidArgument("%s %r is not a valid task id (letters, digits, '.', '_', '-'; "
+                              "no '..', not ending in '.' or '.lock')" % (name, task_id))
     return task_id
 
 
@@ -2517,7 +2521,8 @@ STATE_SHAPE = ({"task_id": _text, "name": _text, "goal": _text, "constraints": _
                 "last_manifest": _whole},
                {"head_manifest": _whole, "index_manifest": _whole, "created": _text,
                 "updated": _text})
-STEP_SHAPE = ({"index": lambda v: _whole(v) and v >= 1, "title": _text, "manifest": _whole},
+STEP_SHAPE = ({"index": lambda v: _whole(v) and 1 <= v <= MAX_STEP, "title": _text,
+               "manifest": _whole},
               {"description": _text, "conclusion": _text, "next": _text, "verified": _texts,
                "open_questions": _texts, "drift_id": lambda v: v is None or _text(v),
                "groups": lambda v: type(v) is list, "created": _text, "created_ns": _whole,

@@ -530,7 +530,7 @@ class CraftedPackageTest(HandoffBase):
         self.assert_refused_without_trace(package, "duplicate task")
 
     def test_task_id_with_a_slash_is_refused(self):
-        for bad in ("evil/slash", "../evil", "a\\b"):
+        for bad in ("evil/slash", "../evil", "a\\b", "a..b", "task.lock", "task."):
             package = self.copy_package()
             data = replace_strings(load_description(package), self.task_id, bad)
             self.assertNotEqual(data, load_description(package), "task id not in description")
@@ -539,6 +539,15 @@ class CraftedPackageTest(HandoffBase):
             store = os.path.join(self.target, ".checkpoints")
             self.assertFalse(os.path.exists(os.path.join(store, "tasks", "evil")))
             self.assertFalse(os.path.exists(os.path.join(store, "evil")))
+
+    def test_a_step_number_beyond_nine_digits_is_refused(self):
+        for number in (10 ** 9, 2 ** 63, 10 ** 200):
+            package = self.copy_package()
+            data = load_description(package)
+            self.assertEqual(data["step"]["index"], 1)
+            data["step"]["index"] = number
+            save_description(package, data)
+            self.assert_refused_without_trace(package, "step %d" % number)
 
     def history_package(self):
         dst = os.path.join(self.crafts, "hist", os.path.basename(self.history_source))
