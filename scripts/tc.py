@@ -4693,10 +4693,12 @@ def _path_list(paths, shown=20):
     return (", ".join(map(shown_path, paths[:shown])) + more) if paths else "none"
 
 
-def handoff_text(state, last, drift_paths, changed=None):
+def handoff_text(state, last, drift_paths, changed=None, *, unread=None):
     """Plain text a person can paste into a new session. changed: the paths
     that differ from the current step, recorded or not; shown when the drift
-    layer recorded some of them (else it is the same list as drift_paths)."""
+    layer recorded some of them (else it is the same list as drift_paths).
+    unread: why the workspace could not be listed, when it could not (what
+    is not recorded is then unknown, not none)."""
     lines = ["Task: %s" % state.get("name", "")]
     if state.get("goal"):
         lines.append("Goal: %s" % state["goal"])
@@ -4711,7 +4713,10 @@ def handoff_text(state, last, drift_paths, changed=None):
         lines.append("Current step: none saved yet")
     if last and changed and changed != drift_paths:
         lines.append("Changed since step %d: %s" % (last["index"], _path_list(changed)))
-    lines.append("Not yet recorded: %s" % _path_list(drift_paths))
+    if unread:
+        lines.append("Not yet recorded: unknown (the workspace could not be read: %s)" % unread)
+    else:
+        lines.append("Not yet recorded: %s" % _path_list(drift_paths))
     return "\n".join(lines)
 
 
@@ -6004,13 +6009,15 @@ class Checkpoints:
             index_ok = len(errors) == errors_before
             errors.extend(self._health(ws, state))
             recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
+        unread = None
         try:
             scan = scan_tree(ws.root, self._policy(ws))
             drift_paths, skipped = self._readable_drift(
                 ws, self._drift_paths(scan, index_doc), scan.skipped)
         except OSError as exc:  # the progress is still worth giving
+            unread = exc.strerror or exc.__class__.__name__
             drift_paths, skipped = [], [{"path": ".", "reason": "unreadable directory: %s"
-                                         % (exc.strerror or exc.__class__.__name__)}]
+                                         % unread}]
         changed = sorted(set(recorded).union(drift_paths))
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
                                                           "next")}
@@ -6023,7 +6030,7 @@ class Checkpoints:
                   "changed_since_step": changed,
                   "health": {"ok": not errors, "errors": errors},
                   "store": ws.store.directory, "active_task": active, "skipped": skipped}
-        result["handoff"] = handoff_text(state, last, drift_paths, changed)
+        result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread)
         return result
 
     def _not_in_package(self, ws, state):

@@ -395,6 +395,14 @@ class UnreadableFolderTest(WorkspaceTest):
         self.assertEqual((self.read("docs/a.txt"), self.read("src/b.txt")),
                          (b"a one\n", b"b two\n"))
 
+    def test_resume_of_a_root_it_cannot_list_does_not_say_nothing_is_unrecorded(self):
+        with self.unlistable(self.root) as blind:
+            resume = blind.ok("tc_resume", root=self.root)
+        self.assertEqual(resume["skipped"][0]["path"], ".")
+        self.assertIn("Not yet recorded: unknown (the workspace could not be read: "
+                      "Permission denied)", resume["handoff"])
+        self.assertNotIn("Not yet recorded: none", resume["handoff"])
+
     def test_a_restore_leaves_an_unseen_folder_and_its_undo_keeps_it(self):
         self.write("docs/a.txt", "unsaved a\n")
         self.write("docs/new.txt", "never recorded\n")
