@@ -807,7 +807,7 @@ def cancelled_request(raw):
     if len(raw) > CANCEL_LINE_LIMIT or CANCEL_METHOD.encode() not in raw:
         return None
     try:
-        message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
+        message = load_message(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if (not isinstance(message, dict) or message.get("method") != CANCEL_METHOD
@@ -955,7 +955,7 @@ class Server:
         """One input line -> the response object, or None for a notification
         (and for a cancelled call). seq: the line's number from the reader."""
         try:
-            message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
+            message = load_message(raw)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             return error_response(None, PARSE_ERROR, "parse error: %s" % type(exc).__name__)
         if isinstance(message, list):
@@ -1100,6 +1100,21 @@ def reject_constant(name):
     raise ValueError("%s is not JSON" % name)
 
 
+INT_DIGITS_LIMIT = 4000  # under Python's own limit on converting digits to an int
+
+
+def read_int(digits):
+    """An integer of the request; one of more digits than Python converts
+    reads as infinite, so it is refused by name like 1e400, not as a parse
+    error."""
+    return int(digits) if len(digits) <= INT_DIGITS_LIMIT else float(digits)
+
+
+def load_message(raw):
+    """One request line (bytes) parsed as JSON; ValueError when it is not."""
+    return json.loads(raw.decode("utf-8"), parse_constant=reject_constant, parse_int=read_int)
+
+
 def one_line(text):
     return " ".join(text.split())
 
@@ -1229,7 +1244,7 @@ def ping_request(raw):
     if len(raw) > CANCEL_LINE_LIMIT or b'"ping"' not in raw:
         return None
     try:
-        message = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
+        message = load_message(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if (not isinstance(message, dict) or message.get("method") != "ping"

@@ -595,12 +595,14 @@ class FoundDefectsTest(FuzzTest):
             self.assertEqual(got[0].get("error", {}).get("code"), -32700, (line, got))
         # 1e400 is JSON but overflows a double: the answer must still be strict
         # JSON, and the request is answered (an id no request may have) ...
-        got = self.one(proc, b'{"jsonrpc":"2.0","id":1e400,"method":"ping"}', "big")
-        self.assertEqual(len(got), 1)
-        self.assertEqual(got[0].get("error", {}).get("code"), -32600, got)
+        for n, big in enumerate([b"1e400", b"9" * 5000, b"-" + b"9" * 5000]):
+            got = self.one(proc, b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % big,
+                           "big%d" % n)
+            self.assertEqual(len(got), 1)
+            self.assertEqual(got[0].get("error", {}).get("code"), -32600, got)
         # ... or, in an argument, refused by name under the caller's own id.
         for n, argument in enumerate([b'"limit":1e400', b'"limit":-1e400',
-                                      b'"keep_seconds":1e309']):
+                                      b'"keep_seconds":1e309', b'"limit":' + b"7" * 5000]):
             tool = b"tc_compress" if b"keep" in argument else b"tc_show"
             line = (b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s",'
                     b'"arguments":{"root":"/tmp",%s}}}' % (70 + n, tool, argument))
