@@ -5777,10 +5777,10 @@ class Checkpoints:
             snap = self._snapshot(ws, store_content=True)
             try:
                 changed = self._activate(ws)
+                state = ws.state = ws.records.read_state()
             except BaseException:
                 ws.store.payloads.discard(snap.created)
                 raise
-            state = ws.state = ws.records.read_state()
             counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
             try:
                 result = self._commit_step(ws, state, old_index, snap, title.strip(),

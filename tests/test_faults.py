@@ -16,7 +16,7 @@ import time
 import unittest
 
 from support import (SCRIPTS, SERVER_COMMAND, Server, WorkspaceTest, is_root, keeps_mode_bits,
-                     stored_shas, write)
+                     stored_shas, unnamed_payloads, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -630,6 +630,23 @@ class InjectedFaultTest(WorkspaceTest):
         res = faulty.call("tc_save", root=self.root, title="two")
         self.assertTrue(res.is_error, res)
         self.assertIn("Input/output error", res.text)
+
+    def test_a_save_whose_state_cannot_be_read_after_its_snapshot_keeps_no_content(self):
+        srv = self.server(env={"TC_WATCH": "off"})
+        self.write("a.txt", "one\n")
+        task_id = srv.ok("tc_init", root=self.root, name="state read")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("new/b.txt", "stored by the snapshot\n")
+        self.write("new/c.txt", "and this\n")
+        state = os.path.join(self.store, "tasks", task_id, "state.json")
+        # The fourth read of the state in the call comes after the snapshot.
+        faulty = self.faulty_server("-P", state, "-e", "trace=openat,open",
+                                    "-e", "inject=openat,open:error=EACCES:when=4")
+        res = faulty.call("tc_save", root=self.root, title="two")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("state.json", res.text)
+        self.assertEqual(unnamed_payloads(self.store), [])
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["index"], 2)
 
     def test_a_lock_that_fails_to_unlock_does_not_fail_finished_work(self):
         srv = self.server(env={"TC_WATCH": "off"})
