@@ -4693,12 +4693,14 @@ def _path_list(paths, shown=20):
     return (", ".join(map(shown_path, paths[:shown])) + more) if paths else "none"
 
 
-def handoff_text(state, last, drift_paths, changed=None, *, unread=None):
+def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=()):
     """Plain text a person can paste into a new session. changed: the paths
     that differ from the current step, recorded or not; shown when the drift
     layer recorded some of them (else it is the same list as drift_paths).
     unread: why the workspace could not be listed, when it could not (what
-    is not recorded is then unknown, not none)."""
+    is not recorded is then unknown, not none); unseen: the folders and
+    files in it the scan could not read (named, since what changed in them
+    is unknown)."""
     lines = ["Task: %s" % state.get("name", "")]
     if state.get("goal"):
         lines.append("Goal: %s" % state["goal"])
@@ -4716,7 +4718,8 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None):
     if unread:
         lines.append("Not yet recorded: unknown (the workspace could not be read: %s)" % unread)
     else:
-        lines.append("Not yet recorded: %s" % _path_list(drift_paths))
+        lines.append("Not yet recorded: %s" % _path_list(drift_paths) + (
+            " (not read: %s)" % _path_list(list(unseen)) if unseen else ""))
     return "\n".join(lines)
 
 
@@ -6009,9 +6012,10 @@ class Checkpoints:
             index_ok = len(errors) == errors_before
             errors.extend(self._health(ws, state))
             recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
-        unread = None
+        unread, unseen = None, []
         try:
             scan = scan_tree(ws.root, self._policy(ws))
+            unseen = scan.unreadable
             drift_paths, skipped = self._readable_drift(
                 ws, self._drift_paths(scan, index_doc), scan.skipped)
         except OSError as exc:  # the progress is still worth giving
@@ -6030,7 +6034,8 @@ class Checkpoints:
                   "changed_since_step": changed,
                   "health": {"ok": not errors, "errors": errors},
                   "store": ws.store.directory, "active_task": active, "skipped": skipped}
-        result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread)
+        result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
+                                         unseen=unseen)
         return result
 
     def _not_in_package(self, ws, state):

@@ -402,6 +402,10 @@ class UnreadableFolderTest(WorkspaceTest):
         self.assertIn("Not yet recorded: unknown (the workspace could not be read: "
                       "Permission denied)", resume["handoff"])
         self.assertNotIn("Not yet recorded: none", resume["handoff"])
+        # A folder inside it that cannot be listed is named: what changed there is unknown.
+        with self.unlistable(os.path.join(self.root, "docs")) as blind:
+            resume = blind.ok("tc_resume", root=self.root)
+        self.assertIn("Not yet recorded: none (not read: docs/)", resume["handoff"])
 
     def test_a_restore_leaves_an_unseen_folder_and_its_undo_keeps_it(self):
         self.write("docs/a.txt", "unsaved a\n")
