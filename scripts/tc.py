@@ -1513,7 +1513,12 @@ def at_parent_within(path, guard, refusal, call):
         if not _at_or_inside(_opened_path(dfd, parent), guard):
             raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
                              "replaced by a link); %s" % (path, refusal))
-        return call(name, dfd)
+        try:
+            return call(name, dfd)
+        except OSError as exc:
+            if exc.filename == name:  # named relative to the folder: name the whole path
+                raise named_after(exc, path) from None
+            raise
     finally:
         os.close(dfd)
 

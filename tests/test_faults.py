@@ -517,9 +517,10 @@ class UnreadableFolderTest(WorkspaceTest):
         self.assertEqual([step["index"] for step in shown["steps"]], [1])
 
 
-class UnreadableFileTest(WorkspaceTest):
-    """A file the server's user may not read: no save can record it, so it
-    is listed as skipped, never as unsaved work."""
+class UnprivilegedServerTest(WorkspaceTest):
+    """Permission bits that apply to the server's user (as root the server
+    runs as nobody): a file it may not read is listed as skipped, never as
+    unsaved work; a folder it may not write is named in full in the error."""
 
     def unprivileged_server(self):
         command = list(SERVER_COMMAND)
@@ -548,6 +549,26 @@ class UnreadableFileTest(WorkspaceTest):
         self.assertNotIn("locked.txt", resume["handoff"])
         self.write("a.txt", "two\n")  # a real change is still reported
         self.assertEqual(srv.ok("tc_resume", root=self.root)["drift_paths"], ["a.txt"])
+
+
+    @unittest.skipUnless(keeps_mode_bits(), "needs permission bits that stop a write")
+    def test_a_restore_refused_by_a_folder_names_the_whole_path(self):
+        self.write("lk/in/kept.txt", "one\n")
+        srv = self.unprivileged_server()
+        srv.ok("tc_init", root=self.root, name="perm")
+        srv.ok("tc_save", root=self.root, title="one")
+        new = self.write("lk/in/new.txt", "made after step one\n")
+        if is_root():
+            os.chown(new, 65534, 65534)
+        folder = os.path.join(self.root, "lk", "in")
+        os.chmod(folder, 0o555)
+        try:
+            res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+        finally:
+            os.chmod(folder, 0o755)
+        self.assertTrue(res.is_error, res)
+        self.assertIn(repr(os.path.join(folder, "new.txt")), res.text)
+        self.assertEqual(self.read("lk/in/new.txt"), b"made after step one\n")
 
 
 class InjectedFaultTest(WorkspaceTest):
