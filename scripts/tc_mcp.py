@@ -79,6 +79,9 @@ TEXT_FLOOR = 100  # ... shared out so that no text is cut below this (or its sha
 TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result,
 PAGE_ITEMS_LIMIT = 5  # ... of each step on a tc_show page of several steps
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
+# Objects, arrays and commas in one request line: each small value costs far
+# more memory parsed than sent, and no request needs anywhere near this many.
+VALUE_LIMIT = 1_000_000
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
 INBOX_LINES = 20_000
 CANCEL_LINE_LIMIT = 64 * 1024  # a longer line is never taken for a cancel
@@ -954,6 +957,9 @@ class Server:
     def handle_line(self, raw, seq=None):
         """One input line -> the response object, or None for a notification
         (and for a cancelled call). seq: the line's number from the reader."""
+        if raw.count(b"{") + raw.count(b"[") + raw.count(b",") > VALUE_LIMIT:
+            return error_response(None, INVALID_REQUEST, "request holds more than %d values; "
+                                  "it was not read" % VALUE_LIMIT)
         try:
             message = load_message(raw)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:

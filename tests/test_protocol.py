@@ -258,6 +258,24 @@ class MessageHandlingTest(ProtocolTest):
             self.assertLess(int(peak[0].split()[1]), 200 * 1024, peak[0])
 
 
+    def test_a_line_of_millions_of_small_values_is_refused_unparsed(self):
+        # 21 MB that would parse into 7 million objects (gigabytes in memory).
+        line = (b'{"jsonrpc":"2.0","id":52,"method":"ping","params":{"x":['
+                + b"{}," * 7_000_000 + b'{}]}}\n')
+        self.srv.send_raw(line)
+        reply = self.srv.read_line()
+        self.assertEqual(reply["error"]["code"], -32600, reply)
+        self.assertIn("values", reply["error"]["message"])
+        pong = self.srv.request("ping", {})
+        self.assertEqual(pong.get("result"), {}, pong)
+        status = "/proc/%d/status" % self.srv.proc.pid
+        if not os.path.exists(status):
+            return
+        with open(status) as fh:
+            peak = [line for line in fh if line.startswith("VmHWM")]
+        if peak:
+            self.assertLess(int(peak[0].split()[1]), 300 * 1024, peak[0])
+
 ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},
             "io.modelcontextprotocol/clientInfo": {"name": "tests", "version": "0"}}
