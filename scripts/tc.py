@@ -3055,6 +3055,15 @@ class Journal:
         return rollback_journal(self.store, self.directory, self.data)
 
 
+def path_length_limit(directory):
+    """The longest path (in bytes, with its terminating NUL) the system takes
+    under directory, or None where it does not say."""
+    try:
+        return os.pathconf(directory, "PC_PATH_MAX")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def sibling_temp(full, tag):
     digest = hashlib.sha1(os.path.basename(full).encode("utf-8", "surrogatepass")).hexdigest()
     return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
@@ -6754,6 +6763,7 @@ class Checkpoints:
     def _export_files(self, ws, entries, directory):
         files, filtered = [], []
         payloads = ws.store.payloads
+        longest = path_length_limit(os.path.dirname(directory))
         for rel, (kind, sha, size, mode, _m) in sorted(entries.items()):
             if kind == KIND_SENSITIVE:
                 filtered.append({"path": rel, "reason": "sensitive"})
@@ -6761,6 +6771,9 @@ class Checkpoints:
                 filtered.append({"path": rel, "reason": "over 100 MB, content not stored"})
             elif not payloads.has(sha):
                 filtered.append({"path": rel, "reason": "stored content missing"})
+            elif longest and len(os.fsencode(os.path.join(directory, rel))) >= longest:
+                filtered.append({"path": rel, "reason": "its path is too long to be written "
+                                 "inside the package there; export to a shorter folder"})
             else:
                 files.append({"path": rel, "sha256": sha, "size": size, "mode": mode})
         made = set()

@@ -18,7 +18,7 @@ import time
 import unittest
 
 from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, keeps_mode_bits,
-                     snapshot, tree_listing)
+                     path_max, snapshot, tree_listing, write)
 
 NOISE = ("server.log",)
 
@@ -362,6 +362,28 @@ class ExportImportTest(HandoffBase):
         for index in (1, 2, 3, 1):
             dst.ok("tc_restore", root=target, index=index, apply=True)
             self.assertEqual(file_bytes(target), states[index], "step %d" % index)
+
+
+class LongPathTest(HandoffBase):
+
+    def test_a_path_too_long_for_the_package_is_filtered_not_fatal(self):
+        limit = path_max()
+        if not limit or limit > 8192:
+            self.skipTest("needs a known PATH_MAX")
+        srv = self.server()
+        self.write("a.txt", "short\n")
+        # A file whose path fits under the workspace, not under the package's folder.
+        folder = os.path.join(self.root, "long")
+        while len(folder) < limit - 400:
+            folder = os.path.join(folder, "L" * 200)
+        name = "f" * (limit - 2 - len(folder) - 1)
+        write(folder, name, "long path\n")
+        rel = os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/")
+        srv.ok("tc_init", root=self.root, name="long")
+        srv.ok("tc_save", root=self.root, title="one")
+        res = self.export(srv)
+        self.assertEqual([item["path"] for item in res["filtered"]], [rel])
+        self.assertTrue(os.path.isfile(os.path.join(res["path"], "files", "a.txt")))
 
 
 class LostContentTest(HandoffBase):
