@@ -322,9 +322,10 @@ OS_ERROR_ADVICE = {
 # 3. File-system basics
 # ---------------------------------------------------------------------------
 
-# fsync refused because the file system does not do it (for directories, say).
+# fsync refused because the file system does not do it (for directories, say;
+# SMB shares on macOS answer a folder's fsync with ENOENT or ENOTTY).
 FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EOPNOTSUPP,
-                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP), errno.ENOENT, errno.ENOTTY}
 
 
 def open_to_flush(path):
@@ -601,12 +602,14 @@ def replace_record(tmp, path):
     return os.replace(tmp, path)
 
 
-def atomic_write(path, data, *, durable=True):
+def atomic_write(path, data, *, durable=True, strict=False):
     """Write bytes (or an iterable of byte strings) to path through a unique
     temp file and a rename.
 
     Readers see the old file or the new one, never a mix; on error the temp
-    file is removed and the old file is untouched.
+    file is removed and the old file is untouched. strict (a store record):
+    a failed flush of the folder after the rename fails the write too; else
+    it is best effort, as some shares cannot flush a folder at all.
     """
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
@@ -634,7 +637,7 @@ def atomic_write(path, data, *, durable=True):
             raise named_after(exc, path) from None  # a write names no file
         raise
     if durable:
-        fsync_dir(directory, strict=True)
+        fsync_dir(directory, strict=strict)
 
 
 def put_back_file(path, before, log):
@@ -683,12 +686,12 @@ def utf8_slices(text):
         yield text[start:start + ENCODE_SLICE].encode("utf-8")
 
 
-def write_json(path, obj, *, durable=True, sort_keys=True):
+def write_json(path, obj, *, durable=True, sort_keys=True, strict=False):
     text = json.dumps(obj, ensure_ascii=False, sort_keys=sort_keys, separators=(",", ":"))
     if len(text) <= ENCODE_SLICE:
-        atomic_write(path, text.encode("utf-8"), durable=durable)
+        atomic_write(path, text.encode("utf-8"), durable=durable, strict=strict)
     else:
-        atomic_write(path, utf8_slices(text), durable=durable)
+        atomic_write(path, utf8_slices(text), durable=durable, strict=strict)
 
 
 def stage_record(path, obj):
@@ -719,7 +722,7 @@ def write_record(path, obj, later=None):
     that points at the record is written.
     """
     if later is None:
-        write_json(path, obj, durable=True)
+        write_json(path, obj, durable=True, strict=True)
     else:
         write_json(path, obj, durable=False)
         later.extend((path, os.path.dirname(path)))

@@ -656,6 +656,20 @@ class InjectedFaultTest(WorkspaceTest):
         self.assertTrue(res.is_error, res)
         self.assertIn("Input/output error", res.text)
 
+    def test_a_workspace_on_a_share_that_cannot_flush_folders_takes_an_external_store(self):
+        self.write("a.txt", "one\n")
+        store = os.path.join(self.tmp, "store")
+        # The workspace folder refuses fsync, as some network shares do for
+        # folders: the pointer file in it is not a store record, so the flush
+        # of its folder is best effort, and the store's own records are strict.
+        faulty = self.faulty_server("-P", self.root, "-e", "trace=fsync",
+                                    "-e", "inject=fsync:error=EIO")
+        res = faulty.call("tc_init", root=self.root, name="share", store=store)
+        self.assertFalse(res.is_error, res.text)
+        with open(os.path.join(self.root, ".task-checkpoint-store.json"), encoding="utf-8") as fh:
+            self.assertEqual(json.load(fh)["store"], store)
+        self.assertEqual(faulty.ok("tc_save", root=self.root, title="one")["index"], 1)
+
     def test_a_save_whose_state_cannot_be_read_after_its_snapshot_keeps_no_content(self):
         srv = self.server(env={"TC_WATCH": "off"})
         self.write("a.txt", "one\n")
