@@ -3092,10 +3092,15 @@ def _put_back(payloads, full, before, guard):
     except OSError:
         pass
     if os.path.isdir(full) and not os.path.islink(full):
-        try:
-            rmdir_within(full, guard)
-        except OSError:
-            pass
+        # Folders with nothing in them give way (the operation's own, made
+        # where the file was); a folder holding any file or link does not.
+        for dirpath, _dirnames, filenames in os.walk(full, topdown=False):
+            if filenames:
+                break
+            try:
+                rmdir_within(dirpath, guard)
+            except OSError:
+                break
         if os.path.isdir(full) and not os.path.islink(full):
             raise PathTaken("a folder with files in it is there now")
     try:
@@ -3230,7 +3235,7 @@ def _write_kept(store, data, files):
     store in kept/<op_id>.json, which clean-ups count as a record; its path."""
     path = os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
     write_json(path, {"op": data["op"], "root": data["root"], "files": files,
-                      "kept": now_iso()})
+                      "kept": now_iso()}, strict=True)
     return path
 
 
@@ -6622,8 +6627,34 @@ class Checkpoints:
             except (StoreCorrupt, NotFound, KeyError) as exc:
                 raise StoreCorrupt("cannot tell which content task %r still needs (%s); "
                                    "nothing was reclaimed" % (task_id, exc)) from None
+        protected.update(self._kept_content(store))
         protected.discard(None)
         return protected
+
+    @staticmethod
+    def _kept_content(store):
+        """The content rollbacks kept (kept/<op>.json): what files held that
+        could not be put back."""
+        directory = os.path.join(store.directory, KEPT_DIRNAME)
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+        except FileNotFoundError:
+            return set()
+        except OSError as exc:
+            raise StoreCorrupt("cannot read %r (%s); nothing was reclaimed"
+                               % (directory, describe_os_error(exc))) from None
+        kept = set()
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                files = read_json(path).get("files")
+                kept.update(before[0] for before in files.values())
+            except FileNotFoundError:
+                continue
+            except (OSError, StoreCorrupt, AttributeError, TypeError, IndexError, KeyError):
+                raise StoreCorrupt("%r cannot be read as a list of kept content; nothing was "
+                                   "reclaimed" % path) from None
+        return kept
 
     def _content_of_other_drifts(self, store, drifts, chosen):
         """Content every drift that stays restorable still needs, in any task

@@ -633,6 +633,62 @@ class RollbackMeetsATakenPath(CrashTest):
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
 
 
+class KeptContentOutlivesCompress(CrashTest):
+
+    def test_content_a_rollback_kept_survives_a_compress_of_its_twins(self):
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="kept")
+        srv.ok("tc_save", root=self.root, title="one")
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        victim = names[0]
+        precious = b"unsaved, and soon only in the store\n"
+        # The same bytes once recorded for another path, in a drift compress may reclaim.
+        write_bytes(self.root, "twin.txt", precious)
+        srv.ok("tc_capture", root=self.root)
+        write_bytes(self.root, "twin.txt", b"changed since\n")
+        srv.ok("tc_capture", root=self.root)
+        write_bytes(self.root, victim, precious)  # recorded by no drift
+        journal_base = os.path.join(self.store, "journal")
+        self.interrupted_restore(srv, self.root, journal_base)
+        full = os.path.join(self.root, *victim.split("/"))
+        if os.path.exists(full):
+            os.remove(full)
+        write_bytes(full, "mine.txt", b"a folder made after the crash\n")
+        srv = self.server()
+        srv.ok("tc_save", root=self.root, title="two")
+        srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0, maximum=0)
+        sha = hashlib.sha256(precious).hexdigest()
+        with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
+            self.assertEqual(fh.read(), precious)
+
+
+class RollbackThroughTheRestoresOwnFolders(CrashTest):
+
+    def test_a_file_where_the_restore_made_folders_is_put_back(self):
+        # Step one has folders where the workspace now has a file with
+        # unsaved edits; the restore, killed after it made those folders,
+        # must give the file back.
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        write_bytes(self.root, "a/x/y.txt", b"in step one\n")
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="nested")
+        srv.ok("tc_save", root=self.root, title="one")
+        shutil.rmtree(os.path.join(self.root, "a"))
+        write_bytes(self.root, "a", b"unsaved edits in a file named a\n")
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.root)
+        journal_base = os.path.join(self.store, "journal")
+        self.interrupted_restore(srv, self.root, journal_base)
+        self.assertTrue(os.path.isdir(os.path.join(self.root, "a")),
+                        "the restore was killed before it made the folders")
+        srv = self.server()
+        srv.ok("tc_show", root=self.root)  # its lock rolls the journal back
+        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
+        self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
+        self.assertFalse(os.path.isdir(os.path.join(self.store, "kept")))
+
+
 def differing(one, other):
     keys = set(one) | set(other)
     return sum(1 for key in keys if one.get(key) != other.get(key))
