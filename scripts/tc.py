@@ -114,9 +114,10 @@ CONFIG_SUFFIX_SET = frozenset(CONFIG_SUFFIXES)
 
 TRUE_WORDS = {"1", "on", "true", "yes"}
 FALSE_WORDS = {"0", "off", "false", "no"}
-# A task id is also a folder name and a git ref component: no "..", and no
-# ending in "." or ".lock".
-PLAIN_ID = re.compile(r"^(?!.*\.\.)(?!.*\.lock\Z)(?!.*\.\Z)[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+# What a new task id must also be (an import's): a git ref component, so no
+# "..", and no ending in "." or ".lock". Ids already in a store keep working.
+NEW_TASK_ID = re.compile(r"^(?!.*\.\.)(?!.*\.lock\Z)(?!.*\.\Z)")
 # Steps are numbered from 1; their files take up to nine digits (s000000001).
 MAX_STEP = 999_999_999
 DRIFT_ID = re.compile(r"^d[0-9]{4,9}\Z")
@@ -1065,10 +1066,14 @@ def validate_abs_dir(value, name):
     return os.path.realpath(value)
 
 
-def validate_task_id(task_id, name="task_id"):
-    if not isinstance(task_id, str) or not PLAIN_ID.match(task_id):
-        raise InvalidArgument("%s %r is not a valid task id (letters, digits, '.', '_', '-'; "
-                              "no '..', not ending in '.' or '.lock')" % (name, task_id))
+def validate_task_id(task_id, name="task_id", *, new=False):
+    """task_id when it is a plain name; new: also one git takes as a ref
+    component (an id about to be made, not one a store already holds)."""
+    if (not isinstance(task_id, str) or not PLAIN_ID.match(task_id)
+            or (new and not NEW_TASK_ID.match(task_id))):
+        raise InvalidArgument("%s %r is not a valid task id (letters, digits, '.', '_', '-'%s)"
+                              % (name, task_id, "; no '..', not ending in '.' or '.lock'"
+                                 if new else ""))
     return task_id
 
 
@@ -4876,7 +4881,7 @@ def _check_description(package, desc, listing):
                               % (desc.get("format") if isinstance(desc, dict) else None,
                                  PACKAGE_FORMAT))
     task = desc["task"]
-    validate_task_id(task["task_id"], "the package's task id")
+    validate_task_id(task["task_id"], "the package's task id", new=True)
     if not isinstance(task.get("name"), str) or not task["name"].strip():
         raise InvalidArgument("the package's task has no name")
     for key in ("goal", "constraints"):
