@@ -1026,9 +1026,10 @@ STORE_TOP_NAMES = frozenset({".gitignore", "state.lock", "clock", "current.json"
 def store_or_empty(path):
     """True for a missing or empty directory, or one that already is a store:
     a complete one, or one a first init left partway (its lock or tasks
-    folder, and nothing a store does not hold: a project that happens to
-    have a tasks folder is not taken over). A .gitignore alone (the one every
-    store holds, or the user's) still counts as empty."""
+    folder, and nothing a store does not hold but the temporary files of a
+    write cut short: a project that happens to have a tasks folder is not
+    taken over). A .gitignore alone (the one every store holds, or the
+    user's) still counts as empty."""
     try:
         names = os.listdir(path)
     except FileNotFoundError:
@@ -1037,7 +1038,7 @@ def store_or_empty(path):
         return False
     return (not [n for n in names if n != ".gitignore"] or looks_like_store(path)
             or (("state.lock" in names or "tasks" in names)
-                and STORE_TOP_NAMES.issuperset(names)))
+                and all(n in STORE_TOP_NAMES or n.startswith(".tmp-") for n in names)))
 
 
 def enclosing_store(path):

@@ -376,6 +376,7 @@ class InitSwitchTest(ToolsTest):
         partway = os.path.join(self.tmp, "partway")
         os.makedirs(os.path.join(partway, "tasks"))
         write(partway, "state.lock", "")
+        write(partway, ".tmp-0123456789ab.part", "{")  # a write the kill cut short
         self.assertIs(self.init(store=partway)["store_is_external"], True)
 
     def test_store_from_the_environment(self):
