@@ -6512,10 +6512,10 @@ class Checkpoints:
                             ("maximum", maximum)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgument("%s must be a whole number >= 0, got %r" % (name, value))
-        if minimum > maximum:
-            raise InvalidArgument("minimum (%d copies kept) is more than maximum (%d copies at "
-                                  "most); pass a minimum no larger than the maximum"
-                                  % (minimum, maximum))
+        # At most maximum copies are kept whatever minimum says (a call that
+        # passes only a small maximum meets the default minimum): the result
+        # gives the minimum that applied.
+        minimum = min(minimum, maximum)
         ws = self._workspace(root)
         result = {"converted": 0, "eligible": 0, "already_gone": 0, "bytes_freed": 0,
                   "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum}
