@@ -1268,19 +1268,22 @@ class FolderChanged(OSError):
     """The folder at a path is not the one its parent's listing named."""
 
 
-def open_listed_folder(root, prefix, expected):
+def open_listed_folder(root, prefix, expected, kernel_root):
     """(descriptor, its stat) of folder prefix under root (root itself for
     ""), opened without following a link. expected: (inode, device of the
-    parent) from the parent's listing. Another inode (a mount point, or a
-    folder renamed into place) passes only where the kernel places the open
-    folder at path itself, not behind a link on the way."""
+    parent) from the parent's listing. Another inode (a mount point, a
+    folder renamed into place, or a file system whose listing gives other
+    numbers than stat, as FAT does) passes only where the kernel places the
+    open folder at prefix under the root as the kernel names it
+    (kernel_root(), asked once), not behind a link on the way."""
     path = os.path.join(root, prefix) if prefix else root
     fd = os.open(path, _FOLDER_LIST_FLAGS if prefix else _ROOT_LIST_FLAGS)
     try:
         st = os.fstat(fd)
         if expected is not None and (st.st_ino, st.st_dev) != expected:
-            where = _opened_path(fd, path)
-            if where is None or where.rstrip(os.sep) != path.rstrip(os.sep):
+            where, base = _opened_path(fd, path), kernel_root()
+            if (where is None or base is None
+                    or where.rstrip(os.sep) != os.path.join(base, prefix).rstrip(os.sep)):
                 raise FolderChanged(errno.ENOTDIR, "changed while it was read", path)
     except BaseException:
         os.close(fd)
@@ -1304,6 +1307,13 @@ def scan_tree(root, policy, dirs=None):
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
     cancel = cancel_event()
     by_descriptor = SCAN_BY_DESCRIPTOR
+    known_root = []
+
+    def kernel_root():
+        if not known_root:
+            known_root.append(kernel_path(root))
+        return known_root[0]
+
     stack = [("", False, None)]  # (prefix, in a sensitive folder, (inode, parent's device))
     while stack:
         if cancel is not None and cancel.is_set():
@@ -1312,7 +1322,7 @@ def scan_tree(root, policy, dirs=None):
         fd = None
         try:
             if by_descriptor:
-                fd, folder = open_listed_folder(root, prefix, expected)
+                fd, folder = open_listed_folder(root, prefix, expected, kernel_root)
                 device, inode = folder.st_dev, folder.st_ino
                 it = os.scandir(fd)
             else:
