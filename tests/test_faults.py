@@ -528,6 +528,12 @@ class UnprivilegedServerTest(WorkspaceTest):
             if not shutil.which("setpriv"):
                 self.skipTest("running as root without setpriv: permissions are not enforced")
             command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + command
+            probe = subprocess.run(command[:5] + ["-c", "import sys; sys.path.insert(0, %r); "
+                                                  "import tc" % SCRIPTS],
+                                   capture_output=True, text=True, timeout=60)
+            if probe.returncode != 0:
+                self.skipTest("this interpreter cannot run as an unprivileged user: %s"
+                              % probe.stderr.strip()[-200:])
             os.chmod(self.tmp, 0o755)
             for dirpath, _dirs, names in os.walk(self.root):
                 for path in [dirpath] + [os.path.join(dirpath, n) for n in names]:
