@@ -6406,6 +6406,10 @@ class Checkpoints:
             if isinstance(failure, OSError) and failure.errno in OS_ERROR_ADVICE:
                 why = "%s. %s" % (describe_os_error(failure), OS_ERROR_ADVICE[failure.errno])
                 self.log("rollback of %s failed: %s" % (what, why))
+            elif isinstance(failure, OSError) and failure.errno in VANISHED_ERRNOS:
+                why = ("%s (the workspace changed while it was rolled back)"
+                       % describe_os_error(failure))
+                self.log("rollback of %s failed: %s" % (what, why))
             elif isinstance(failure, CheckpointError):
                 why = str(failure)
                 self.log("rollback of %s failed: %s" % (what, why))
