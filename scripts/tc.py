@@ -3108,17 +3108,12 @@ def _put_back(payloads, full, before, guard):
     except OSError:
         pass
     if os.path.isdir(full) and not os.path.islink(full):
-        # Folders with nothing in them give way (the operation's own, made
-        # where the file was); a folder holding any file or link does not.
-        for dirpath, _dirnames, filenames in os.walk(full, topdown=False):
-            if filenames:
-                break
-            try:
-                rmdir_within(dirpath, guard)
-            except OSError:
-                break
+        try:  # an empty folder gives way (the operation's own folders are gone by now)
+            rmdir_within(full, guard)
+        except OSError:
+            pass
         if os.path.isdir(full) and not os.path.islink(full):
-            raise PathTaken("a folder with files in it is there now")
+            raise PathTaken("a folder with something in it is there now")
     try:
         make_dirs_within(os.path.dirname(full), guard)
     except (FileExistsError, NotADirectoryError):
@@ -3269,16 +3264,34 @@ def _rollback_workspace(store, data):
     guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
     kept, not_back = {}, []
-    for rel, before in reversed(data["entries"]):
+    # First what the operation made goes: its files, its staging files, and
+    # then its folders (deepest first; one that now holds anything stays),
+    # so that none of them stands where a file is to be put back.
+    for rel, before in data["entries"]:
         try:
             full = safe_workspace_path(root, rel)
-            if data.get("op_id"):
-                temps.append(sibling_temp(full, data["op_id"]))
-            if before is None:
-                if os.path.isfile(full):
-                    remove_within(full, guard)
-            else:
-                _put_back(store.payloads, full, before, guard)
+        except UnsafePath:
+            continue
+        if data.get("op_id"):
+            temps.append(sibling_temp(full, data["op_id"]))
+        if before is None and os.path.isfile(full):
+            try:
+                remove_within(full, guard)
+            except UnsafePath:  # now outside: not the rollback's to remove
+                pass
+    for tmp in temps:
+        if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
+            remove_file(tmp)
+    for rel in reversed(data["created_dirs"]):
+        try:
+            rmdir_within(os.path.join(root, rel), guard)
+        except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
+            pass
+    for rel, before in reversed(data["entries"]):
+        if before is None:
+            continue
+        try:
+            _put_back(store.payloads, safe_workspace_path(root, rel), before, guard)
         except (UnsafePath, PathTaken) as exc:  # nothing there is the rollback's to undo
             if before is not None:
                 kept[rel] = before
@@ -3290,14 +3303,6 @@ def _rollback_workspace(store, data):
         except StoreCorrupt as exc:
             not_back.append(rel)
             store.log("rollback: %r was not put back: %s" % (rel, exc))
-    for tmp in temps:
-        if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
-            remove_file(tmp)
-    for rel in reversed(data["created_dirs"]):
-        try:
-            rmdir_within(os.path.join(root, rel), guard)
-        except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
-            pass
     if kept:
         store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
                   "(file -> payload/<sha[:2]>/<sha>)"

@@ -112,13 +112,15 @@ class CrashTest(WorkspaceTest):
         shown = srv.ok("tc_show", root=self.root, limit=200)
         return [step["index"] for step in shown["steps"]]
 
-    def interrupted_restore(self, srv, root, journal_base):
+    def interrupted_restore(self, srv, root, journal_base, ready=None):
         """Kill srv while a restore of root to step 1 has its journal on disk
-        and has written over some of the files."""
+        and has written over some of the files (or, with ready, once
+        ready() holds)."""
+        ready = ready or (lambda: self.some_written(root, journal_base))
         for _attempt in range(5):
             request_id = send(srv, "tc_restore", root=root, index=1, apply=True)
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not self.some_written(root, journal_base):
+            while time.monotonic() < deadline and not ready():
                 pass
             answer = kill_and_collect(srv, request_id)
             if answer is None and os.listdir(journal_base):
@@ -665,28 +667,63 @@ class KeptContentOutlivesCompress(CrashTest):
 
 class RollbackThroughTheRestoresOwnFolders(CrashTest):
 
-    def test_a_file_where_the_restore_made_folders_is_put_back(self):
-        # Step one has folders where the workspace now has a file with
-        # unsaved edits; the restore, killed after it made those folders,
-        # must give the file back.
+    def interrupted_over_a_file(self, nested):
+        """Step one has folders (nested) where the workspace now has a file
+        'a' with unsaved edits; a restore to step one killed after it made
+        those folders. Returns the workspace as it was before the restore."""
         names = fill_workspace(self.root, self.rng, files=600, big=4)
-        write_bytes(self.root, "a/x/y.txt", b"in step one\n")
+        folder = self.root
+        for part in nested.split("/")[:-1]:  # one at a time: os.makedirs recurses
+            folder = os.path.join(folder, part)
+            os.mkdir(folder)
+        write_bytes(self.root, nested, b"in step one\n")
         srv = self.server()
         srv.ok("tc_init", root=self.root, name="nested")
         srv.ok("tc_save", root=self.root, title="one")
-        shutil.rmtree(os.path.join(self.root, "a"))
+        folders = [os.path.join(self.root, *nested.split("/")[:n])
+                   for n in range(1, nested.count("/") + 1)]
+        os.remove(os.path.join(self.root, *nested.split("/")))
+        for folder in reversed(folders):  # deepest first (shutil.rmtree recurses)
+            os.rmdir(folder)
         write_bytes(self.root, "a", b"unsaved edits in a file named a\n")
         mutate(self.root, self.rng, names, "unsaved", share=0.9)
         before = snapshot(self.root)
-        journal_base = os.path.join(self.store, "journal")
-        self.interrupted_restore(srv, self.root, journal_base)
-        self.assertTrue(os.path.isdir(os.path.join(self.root, "a")),
+        deepest = os.path.join(self.root, *nested.split("/"))
+        self.interrupted_restore(srv, self.root, os.path.join(self.store, "journal"),
+                                 ready=lambda: os.path.exists(deepest))
+        self.assertTrue(os.path.isdir(folders[-1]),
                         "the restore was killed before it made the folders")
-        srv = self.server()
-        srv.ok("tc_show", root=self.root)  # its lock rolls the journal back
+        return before
+
+    def roll_back(self):
+        self.server().ok("tc_show", root=self.root)  # its lock rolls the journal back
+        journal_base = os.path.join(self.store, "journal")
         self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
+
+    def test_a_file_where_the_restore_made_folders_is_put_back(self):
+        before = self.interrupted_over_a_file("a/x/y.txt")
+        self.roll_back()
         self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
         self.assertFalse(os.path.isdir(os.path.join(self.store, "kept")))
+
+    def test_a_file_where_the_restore_made_a_thousand_folders_deep_is_put_back(self):
+        before = self.interrupted_over_a_file("a/" + "d/" * 1100 + "y.txt")
+        self.roll_back()
+        self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
+
+    def test_folders_made_in_them_after_the_crash_are_left_alone(self):
+        before = self.interrupted_over_a_file("a/x/y.txt")
+        for n in range(10):
+            os.mkdir(os.path.join(self.root, "a", "e%d" % n))
+        write_bytes(self.root, "a/x/notes.txt", b"made after the crash\n")
+        self.roll_back()
+        self.assertEqual(sorted(os.listdir(os.path.join(self.root, "a"))),
+                         ["e%d" % n for n in range(10)] + ["x"])
+        self.assertEqual(os.listdir(os.path.join(self.root, "a", "x")), ["notes.txt"])
+        (kept,) = os.listdir(os.path.join(self.store, "kept"))
+        with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
+            listed = json.load(fh)["files"]
+        self.assertEqual(listed["a"][0], hashlib.sha256(before["a"][0]).hexdigest())
 
 
 def differing(one, other):
