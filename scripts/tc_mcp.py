@@ -38,6 +38,7 @@ if __name__ == "__main__" and __spec__ is not None:
 
 import collections  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
@@ -79,9 +80,31 @@ TEXT_FLOOR = 100  # ... shared out so that no text is cut below this (or its sha
 TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result,
 PAGE_ITEMS_LIMIT = 5  # ... of each step on a tc_show page of several steps
 LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refused unread
-# Objects, arrays and commas in one request line: each small value costs far
-# more memory parsed than sent, and no request needs anywhere near this many.
+# Objects, arrays and commas outside strings in one request line: each small
+# value costs far more memory parsed than sent, and no request needs anywhere
+# near this many. Only lines over VALUE_CHECK_FROM bytes are counted.
 VALUE_LIMIT = 1_000_000
+VALUE_CHECK_FROM = 1 << 20
+JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+LEADING_ID = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*'
+                        rb'(-?[0-9]{1,18}|"[^"\\]{0,200}")\s*[,}]')
+
+
+def too_many_values(raw):
+    """True for a line that would parse into more than VALUE_LIMIT values."""
+    if len(raw) <= VALUE_CHECK_FROM:
+        return False
+    if raw.count(b"{") + raw.count(b"[") + raw.count(b",") <= VALUE_LIMIT:
+        return False
+    bare = JSON_STRING.sub(b'""', raw)  # brackets and commas in text are text
+    return bare.count(b"{") + bare.count(b"[") + bare.count(b",") > VALUE_LIMIT
+
+
+def unread_request_id(raw):
+    """The id of a request line too costly to parse, when it leads the line
+    (as clients write it); None otherwise."""
+    found = LEADING_ID.match(raw)
+    return json.loads(found.group(1)) if found else None
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
 INBOX_LINES = 20_000
 CANCEL_LINE_LIMIT = 64 * 1024  # a longer line is never taken for a cancel
@@ -957,9 +980,13 @@ class Server:
     def handle_line(self, raw, seq=None):
         """One input line -> the response object, or None for a notification
         (and for a cancelled call). seq: the line's number from the reader."""
-        if raw.count(b"{") + raw.count(b"[") + raw.count(b",") > VALUE_LIMIT:
-            return error_response(None, INVALID_REQUEST, "request holds more than %d values; "
-                                  "it was not read" % VALUE_LIMIT)
+        if too_many_values(raw):
+            if b'"id"' not in raw:  # a notification (or nothing valid): never answered
+                self.log("ignored a line of more than %d values with no id" % VALUE_LIMIT)
+                return None
+            return error_response(unread_request_id(raw), INVALID_REQUEST,
+                                  "request holds more than %d values; it was not read"
+                                  % VALUE_LIMIT)
         try:
             message = load_message(raw)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -265,7 +265,16 @@ class MessageHandlingTest(ProtocolTest):
         self.srv.send_raw(line)
         reply = self.srv.read_line()
         self.assertEqual(reply["error"]["code"], -32600, reply)
+        self.assertEqual(reply["id"], 52, reply)
         self.assertIn("values", reply["error"]["message"])
+        # A notification that size gets no answer; the ping after it gets its own.
+        self.srv.send_raw(b'{"jsonrpc":"2.0","method":"notifications/x","params":['
+                          + b"[]," * 2_000_000 + b'[]]}\n')
+        # Commas and brackets inside text are text: a large request of prose is read.
+        prose = ["item %d: a, b, [c], {d}, " % n * 300 for n in range(1000)]
+        reply = self.srv.request("tools/call", {"name": "tc_save", "arguments": {
+            "root": self.root, "title": "t", "open_questions": prose}})
+        self.assertIn("result", reply, str(reply)[:300])
         pong = self.srv.request("ping", {})
         self.assertEqual(pong.get("result"), {}, pong)
         status = "/proc/%d/status" % self.srv.proc.pid
