@@ -323,10 +323,11 @@ OS_ERROR_ADVICE = {
 # 3. File-system basics
 # ---------------------------------------------------------------------------
 
-# fsync refused because the file system does not do it (for directories, say;
-# SMB shares on macOS answer a folder's fsync with ENOENT or ENOTTY).
+# fsync refused because the file system does not do it (for directories, say).
 FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EOPNOTSUPP,
-                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP), errno.ENOENT, errno.ENOTTY}
+                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+# ... and what SMB shares on macOS answer for a folder (never taken from a file).
+FOLDER_FSYNC_UNSUPPORTED = {errno.ENOENT, errno.ENOTTY}
 
 
 def open_to_flush(path):
@@ -358,10 +359,18 @@ def fsync_path(path, *, strict=False):
     try:
         os.fsync(fd)
     except OSError as exc:
-        if strict and exc.errno not in FSYNC_UNSUPPORTED:
+        if strict and exc.errno not in FSYNC_UNSUPPORTED and not (
+                exc.errno in FOLDER_FSYNC_UNSUPPORTED and is_folder(fd)):
             raise named_after(exc, path) from None
     finally:
         os.close(fd)
+
+
+def is_folder(fd):
+    try:
+        return stat_mod.S_ISDIR(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def fsync_dir(path, *, strict=False):
@@ -3330,7 +3339,7 @@ def _rollback_records(store, directory, data):
         # A record the operation never got to change is left alone: on a
         # read-only or immutable file, writing it back would fail for nothing.
         if read_file_or_none(target) != before:
-            atomic_write(target, before)
+            atomic_write(target, before, strict=True)
 
 
 def ensure_dir(path, made, guard):
@@ -6673,12 +6682,17 @@ class Checkpoints:
             path = os.path.join(directory, name)
             try:
                 files = read_json(path).get("files")
-                kept.update(before[0] for before in files.values())
+                shas = [before[0] for before in files.values()]
             except FileNotFoundError:
                 continue
             except (OSError, StoreCorrupt, AttributeError, TypeError, IndexError, KeyError):
-                raise StoreCorrupt("%r cannot be read as a list of kept content; nothing was "
-                                   "reclaimed" % path) from None
+                shas = None
+            if shas is None or not all(isinstance(sha, str) and _SHA256.match(sha)
+                                       for sha in shas):
+                raise StoreCorrupt("%r cannot be read as a list of kept content, so nothing "
+                                   "was reclaimed; copy out what it names, or move it out of "
+                                   "the store if it is not needed, and retry" % path)
+            kept.update(shas)
         return kept
 
     def _content_of_other_drifts(self, store, drifts, chosen):

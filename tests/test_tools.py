@@ -751,6 +751,13 @@ class OtherToolsTest(ToolsTest):
         self.assertEqual((res["minimum"], res["maximum"]), (5, 5))
         res = self.ok("tc_compress", root=self.root, minimum=3, maximum=1)
         self.assertEqual((res["minimum"], res["maximum"]), (1, 1))
+        # A list of kept content that does not read as one stops a compress, by name.
+        kept = os.path.join(self.root, ".checkpoints", "kept", "restore-1-x.json")
+        write(os.path.dirname(kept), "restore-1-x.json", '{"files": {"a.txt": "not a pair"}}')
+        res = self.refused("tc_compress", root=self.root, keep_seconds=0)
+        self.assertIn(kept, res.text)
+        os.remove(kept)
+        self.ok("tc_compress", root=self.root, keep_seconds=0)
 
 
 # ---------------------------------------------------------------- tc_resume
