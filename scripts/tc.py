@@ -4745,6 +4745,30 @@ def _path_list(paths, shown=20):
     return (", ".join(map(shown_path, paths[:shown])) + more) if paths else "none"
 
 
+def indented(text):
+    """A text whose further lines are indented (in a list item of HANDOFF.md
+    or a line of a handoff, they stay in it instead of starting lines of
+    their own)."""
+    return "\n  ".join((text or "").splitlines())
+
+
+HANDOFF_FIELD_LIMIT = 2000  # characters of one text in a handoff (the result has it whole)
+
+
+def handoff_field(text, *, one_line=False):
+    """A text as a handoff shows it: a name or title on one line (line
+    breaks and control characters written as escapes), a longer text with
+    its further lines indented, so that no text can start a line of its own
+    such as "Next step:"; cut to HANDOFF_FIELD_LIMIT characters, so that a
+    long goal does not push the lines after it out of a text cut to fit."""
+    text = text or ""
+    more = len(text) - HANDOFF_FIELD_LIMIT
+    if more > 0:
+        text = text[:HANDOFF_FIELD_LIMIT]
+    text = shown_path(text) if one_line else indented(text)
+    return text + (" [... %d more characters]" % more if more > 0 else "")
+
+
 def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=()):
     """Plain text a person can paste into a new session. changed: the paths
     that differ from the current step, recorded or not; shown when the drift
@@ -4753,16 +4777,17 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=
     is not recorded is then unknown, not none); unseen: the folders and
     files in it the scan could not read (named, since what changed in them
     is unknown)."""
-    lines = ["Task: %s" % state.get("name", "")]
+    lines = ["Task: %s" % handoff_field(state.get("name", ""), one_line=True)]
     if state.get("goal"):
-        lines.append("Goal: %s" % state["goal"])
+        lines.append("Goal: %s" % handoff_field(state["goal"]))
     if state.get("constraints"):
-        lines.append("Constraints: %s" % state["constraints"])
+        lines.append("Constraints: %s" % handoff_field(state["constraints"]))
     if last:
-        lines.append("Current step: %d (%s)" % (last["index"], last.get("title", "")))
+        lines.append("Current step: %d (%s)" % (
+            last["index"], handoff_field(last.get("title", ""), one_line=True)))
         if last.get("conclusion"):
-            lines.append("Conclusion: %s" % last["conclusion"])
-        lines.append("Next step: %s" % (last.get("next") or "(not stated)"))
+            lines.append("Conclusion: %s" % handoff_field(last["conclusion"]))
+        lines.append("Next step: %s" % (handoff_field(last.get("next")) or "(not stated)"))
     else:
         lines.append("Current step: none saved yet")
     if last and changed and changed != drift_paths:
@@ -4779,18 +4804,18 @@ def handoff_markdown(desc, left_out=()):
     """HANDOFF.md of a package; left_out: the paths that had changed in the
     sender's workspace since the packed step, so are not in the package."""
     task, step = desc["task"], desc.get("step") or {}
-    out = ["# Handoff: %s" % task["name"], "",
+    out = ["# Handoff: %s" % shown_path(task["name"]), "",
            "You are taking over a task that was checkpointed with task-checkpoint-mcp. "
            "The files of its current step are in `files/`.", "",
-           "- Goal: %s" % (task.get("goal") or "(not stated)")]
+           "- Goal: %s" % (indented(task.get("goal")) or "(not stated)")]
     if task.get("constraints"):
-        out.append("- Constraints: %s" % task["constraints"])
+        out.append("- Constraints: %s" % indented(task["constraints"]))
     if step:
-        out += ["- Current step: %d, %s" % (step["index"], step.get("title", "")),
-                "- Last conclusion: %s" % (step.get("conclusion") or "(none)"),
-                "- Next step: %s" % (step.get("next") or "(not stated)")]
+        out += ["- Current step: %d, %s" % (step["index"], shown_path(step.get("title", ""))),
+                "- Last conclusion: %s" % (indented(step.get("conclusion")) or "(none)"),
+                "- Next step: %s" % (indented(step.get("next")) or "(not stated)")]
     for question in step.get("open_questions") or []:
-        out.append("- Open question: %s" % question)
+        out.append("- Open question: %s" % indented(question))
     out += ["", "## Files", "", "%d file(s) are included." % len(desc["files"])]
     if desc["filtered"]:
         out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]
