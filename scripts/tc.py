@@ -6109,7 +6109,7 @@ class Checkpoints:
                   "open_questions": (last or {}).get("open_questions", []),
                   "drift_paths": drift_paths, "next": next_step,
                   "changed_since_step": changed,
-                  "health": {"ok": not errors, "errors": errors},
+                  "health": {"ok": not errors, "errors": list(dict.fromkeys(errors))},
                   "store": ws.store.directory, "active_task": active, "skipped": skipped}
         result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
                                          unseen=unseen)

@@ -920,6 +920,15 @@ class ResumeTest(ToolsTest):
                         res["health"])
         self.assertTrue(os.path.exists(leftover), "resume must not clean up (it is read-only)")
 
+    def test_a_damaged_step_is_reported_once(self):
+        task = self.prepare()
+        with open(os.path.join(self.task_dir(task), "steps", "s0002.json"), "w") as fh:
+            fh.write("[]")  # the current step
+        res = self.ok("tc_resume", root=self.root)
+        self.assertIs(res["health"]["ok"], False)
+        self.assertEqual(len(res["health"]["errors"]), 1, res["health"])
+        self.assertIn("s0002.json", res["health"]["errors"][0])
+
     def test_unparsable_state_is_reported(self):
         task = self.prepare()
         state = os.path.join(self.task_dir(task), "state.json")
