@@ -153,6 +153,8 @@ ROOT = s_str("Absolute path of the workspace directory (usually the project root
              max_length=PATH_LIMIT, min_length=1)
 TASK_ID = s_str("A task id returned by tc_init; defaults to the workspace's active task.",
                 max_length=128, min_length=1)
+SWITCH_TASK_ID = s_str("The id (from tc_init) of the suspended task to make active.",
+                       max_length=128, min_length=1)
 NULLABLE_STR = {"type": ["string", "null"]}
 STR_LIST = {"type": "array", "items": {"type": "string"}}
 SKIPPED = {"type": "array", "items": {"type": "object", "properties": {
@@ -199,7 +201,7 @@ TOOL_SPECS = {
     },
     "tc_switch": {
         "description": "Make a suspended task of this workspace active again.",
-        "input": s_obj({"root": ROOT, "task_id": TASK_ID}, ["root", "task_id"]),
+        "input": s_obj({"root": ROOT, "task_id": SWITCH_TASK_ID}, ["root", "task_id"]),
         "output": s_out({"task_id": {"type": "string"}, "status": {"type": "string"}}),
     },
     "tc_save": {
