@@ -39,6 +39,7 @@ if __name__ == "__main__" and __spec__ is not None:
 import collections  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
+from json.decoder import scanstring as scan_json_string  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
@@ -85,25 +86,51 @@ LINE_LIMIT = 64 * 1024 * 1024  # bytes of one request line; longer ones are refu
 # near this many. Only lines over VALUE_CHECK_FROM bytes are counted.
 VALUE_LIMIT = 1_000_000
 VALUE_CHECK_FROM = 1 << 20
-JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-LEADING_ID = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*'
-                        rb'(-?[0-9]{1,18}|"[^"\\]{0,200}")\s*[,}]')
+# The id of a request line too large to parse: a member before "params" (after
+# "jsonrpc" and "method", in either order), or the last one.
+LEADING_ID = re.compile(rb'\s*\{(?:\s*"(?:jsonrpc|method)"\s*:\s*"[^"\\]{0,200}"\s*,){0,2}'
+                        rb'\s*"id"\s*:\s*(-?[0-9]{1,18}|"[^"\\]{0,200}")\s*[,}]')
+TRAILING_ID = re.compile(rb'[,{]\s*"id"\s*:\s*(-?[0-9]{1,18}|"[^"\\]{0,200}")\s*\}\s*\Z')
 
 
 def too_many_values(raw):
-    """True for a line that would parse into more than VALUE_LIMIT values."""
+    """True for a line that would parse into more than VALUE_LIMIT values:
+    objects, arrays, commas and strings (a comma or bracket inside a string
+    is text). Strings are skipped by the json module's own scanner, so the
+    count is one pass whatever the line holds."""
     if len(raw) <= VALUE_CHECK_FROM:
         return False
-    if raw.count(b"{") + raw.count(b"[") + raw.count(b",") <= VALUE_LIMIT:
+    if (raw.count(b"{") + raw.count(b"[") + raw.count(b",") + raw.count(b'"') // 2
+            <= VALUE_LIMIT):
         return False
-    bare = JSON_STRING.sub(b'""', raw)  # brackets and commas in text are text
-    return bare.count(b"{") + bare.count(b"[") + bare.count(b",") > VALUE_LIMIT
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False  # not JSON text: the parser refuses it at once
+    total, start = 0, 0
+    while True:
+        quote = text.find('"', start)
+        end = len(text) if quote < 0 else quote
+        total += (text.count("{", start, end) + text.count("[", start, end)
+                  + text.count(",", start, end))
+        if total > VALUE_LIMIT:
+            return True
+        if quote < 0:
+            return False
+        try:
+            start = scan_json_string(text, quote + 1)[1]
+        except ValueError:
+            return False  # not JSON: the parser refuses it where this stopped
+        total += 1
 
 
 def unread_request_id(raw):
-    """The id of a request line too costly to parse, when it leads the line
-    (as clients write it); None otherwise."""
-    found = LEADING_ID.match(raw)
+    """The id of a request line too costly to parse, when it is the first or
+    the last member of the line's object (as clients write it); None
+    otherwise, and for a line that names no method (not a request)."""
+    if b'"method"' not in raw:
+        return None
+    found = LEADING_ID.match(raw) or TRAILING_ID.search(raw, max(0, len(raw) - 300))
     return json.loads(found.group(1)) if found else None
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
 INBOX_LINES = 20_000
@@ -983,12 +1010,13 @@ class Server:
         """One input line -> the response object, or None for a notification
         (and for a cancelled call). seq: the line's number from the reader."""
         if too_many_values(raw):
-            if b'"id"' not in raw:  # a notification (or nothing valid): never answered
-                self.log("ignored a line of more than %d values with no id" % VALUE_LIMIT)
+            msg_id = unread_request_id(raw)
+            if msg_id is None:  # no request whose id can be told: nothing to answer
+                self.log("ignored a line of more than %d values and no id that can be read"
+                         % VALUE_LIMIT)
                 return None
-            return error_response(unread_request_id(raw), INVALID_REQUEST,
-                                  "request holds more than %d values; it was not read"
-                                  % VALUE_LIMIT)
+            return error_response(msg_id, INVALID_REQUEST, "request holds more than %d "
+                                  "values; it was not read" % VALUE_LIMIT)
         try:
             message = load_message(raw)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -267,9 +267,21 @@ class MessageHandlingTest(ProtocolTest):
         self.assertEqual(reply["error"]["code"], -32600, reply)
         self.assertEqual(reply["id"], 52, reply)
         self.assertIn("values", reply["error"]["message"])
-        # A notification that size gets no answer; the ping after it gets its own.
-        self.srv.send_raw(b'{"jsonrpc":"2.0","method":"notifications/x","params":['
-                          + b"[]," * 2_000_000 + b'[]]}\n')
+        # Its id also when it comes last, as some clients write it.
+        self.srv.send_raw(b'{"method":"ping","params":{"x":[' + b"[]," * 2_000_000
+                          + b'[]]},"jsonrpc":"2.0","id":53}\n')
+        self.assertEqual(self.srv.read_line()["id"], 53)
+        # A notification that size gets no answer, even with an id inside its
+        # params, nor does a response; the ping after them gets its own.
+        self.srv.send_raw(b'{"jsonrpc":"2.0","method":"notifications/x","params":{"id":1,"x":['
+                          + b"[]," * 2_000_000 + b'[]]}}\n')
+        self.srv.send_raw(b'{"jsonrpc":"2.0","id":54,"result":{"x":['
+                          + b"[]," * 2_000_000 + b'[]]}}\n')
+        # Many commas, then a string of two million escaped quotes: counted
+        # in one pass (a scan from each quote took minutes), and read.
+        self.srv.send_raw(b'{"jsonrpc":"2.0","id":55,"method":"ping","params":[' + b"1," * 600_000
+                          + b'"' + b'\\"' * 2_000_000 + b'"]}\n')
+        self.assertEqual(self.srv.read_line(), {"jsonrpc": "2.0", "id": 55, "result": {}})
         # Commas and brackets inside text are text: a large request of prose is read.
         prose = ["item %d: a, b, [c], {d}, " % n * 300 for n in range(1000)]
         reply = self.srv.request("tools/call", {"name": "tc_save", "arguments": {
