@@ -4740,11 +4740,6 @@ def shown_path(path):
     return _UNPRINTABLE.sub(lambda m: json.dumps(m.group())[1:-1], path)
 
 
-def _path_list(paths, shown=20):
-    more = " (+%d more)" % (len(paths) - shown) if len(paths) > shown else ""
-    return (", ".join(map(shown_path, paths[:shown])) + more) if paths else "none"
-
-
 def indented(text):
     """A text whose further lines are indented (in a list item of HANDOFF.md
     or a line of a handoff, they stay in it instead of starting lines of
@@ -4752,21 +4747,46 @@ def indented(text):
     return "\n  ".join((text or "").splitlines())
 
 
-HANDOFF_FIELD_LIMIT = 2000  # characters of one text in a handoff (the result has it whole)
+HANDOFF_FIELD_BYTES = 2000  # UTF-8 bytes of one text in a handoff (the result has it whole)
+HANDOFF_LIST_BYTES = 4000  # ... and of one list of paths
 
 
 def handoff_field(text, *, one_line=False):
     """A text as a handoff shows it: a name or title on one line (line
     breaks and control characters written as escapes), a longer text with
     its further lines indented, so that no text can start a line of its own
-    such as "Next step:"; cut to HANDOFF_FIELD_LIMIT characters, so that a
-    long goal does not push the lines after it out of a text cut to fit."""
+    such as "Next step:"; cut to HANDOFF_FIELD_BYTES, so that the handoff
+    stays small enough to be given whole (see tc_mcp.fit_result)."""
     text = text or ""
-    more = len(text) - HANDOFF_FIELD_LIMIT
-    if more > 0:
-        text = text[:HANDOFF_FIELD_LIMIT]
-    text = shown_path(text) if one_line else indented(text)
-    return text + (" [... %d more characters]" % more if more > 0 else "")
+    kept = utf8_prefix(text, HANDOFF_FIELD_BYTES)
+    more = len(text) - len(kept)
+    text = shown_path(kept) if one_line else indented(kept)
+    return text + (" [... %d more characters]" % more if more else "")
+
+
+def utf8_prefix(text, limit):
+    """The longest start of text whose UTF-8 form fits limit bytes."""
+    if len(text) * 4 <= limit:
+        return text
+    return text.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+
+
+def _path_list(paths, shown=20):
+    """Up to shown paths, within HANDOFF_LIST_BYTES (a longer path is cut),
+    and how many more there are; "none" for no path."""
+    if not paths:
+        return "none"
+    items, size = [], 0
+    for path in paths[:shown]:
+        item = shown_path(path)
+        if size + len(item.encode("utf-8", "surrogatepass")) > HANDOFF_LIST_BYTES:
+            if not items:  # one path longer than the whole list may be
+                items.append(utf8_prefix(item, HANDOFF_LIST_BYTES) + "...")
+            break
+        items.append(item)
+        size += len(item.encode("utf-8", "surrogatepass")) + 2
+    more = len(paths) - len(items)
+    return ", ".join(items) + (" (+%d more)" % more if more else "")
 
 
 def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=()):
@@ -4804,18 +4824,19 @@ def handoff_markdown(desc, left_out=()):
     """HANDOFF.md of a package; left_out: the paths that had changed in the
     sender's workspace since the packed step, so are not in the package."""
     task, step = desc["task"], desc.get("step") or {}
-    out = ["# Handoff: %s" % shown_path(task["name"]), "",
+    out = ["# Handoff: %s" % handoff_field(task["name"], one_line=True), "",
            "You are taking over a task that was checkpointed with task-checkpoint-mcp. "
            "The files of its current step are in `files/`.", "",
-           "- Goal: %s" % (indented(task.get("goal")) or "(not stated)")]
+           "- Goal: %s" % (handoff_field(task.get("goal")) or "(not stated)")]
     if task.get("constraints"):
-        out.append("- Constraints: %s" % indented(task["constraints"]))
+        out.append("- Constraints: %s" % handoff_field(task["constraints"]))
     if step:
-        out += ["- Current step: %d, %s" % (step["index"], shown_path(step.get("title", ""))),
-                "- Last conclusion: %s" % (indented(step.get("conclusion")) or "(none)"),
-                "- Next step: %s" % (indented(step.get("next")) or "(not stated)")]
+        out += ["- Current step: %d, %s" % (step["index"],
+                                            handoff_field(step.get("title"), one_line=True)),
+                "- Last conclusion: %s" % (handoff_field(step.get("conclusion")) or "(none)"),
+                "- Next step: %s" % (handoff_field(step.get("next")) or "(not stated)")]
     for question in step.get("open_questions") or []:
-        out.append("- Open question: %s" % indented(question))
+        out.append("- Open question: %s" % handoff_field(question))
     out += ["", "## Files", "", "%d file(s) are included." % len(desc["files"])]
     if desc["filtered"]:
         out += ["", "Left out on purpose; do not go looking for them, ask the owner if needed:"]

@@ -578,7 +578,10 @@ def fit_result(name, result):
     result = dict(result)
     texts_omitted = {}
     if name in ("tc_resume", "tc_show"):
-        bound_texts(text_slots(result, texts_omitted), texts_omitted)
+        handoff = result.get("handoff")
+        reserved = json_size(handoff) if isinstance(handoff, str) else 0
+        bound_texts(text_slots(result, texts_omitted), texts_omitted,
+                    budget=max(TEXT_BUDGET // 4, TEXT_BUDGET - reserved))
     limit = RESULT_LIST_LIMIT
     bounded, omitted = cut_lists(name, result, limit)
     size = encoded_size(bounded)
@@ -636,7 +639,11 @@ def cut_lists(name, result, limit):
 
 STEP_TEXTS = ("title", "description", "conclusion", "next")
 STEP_TEXT_LISTS = ("verified", "open_questions")
-RESUME_TEXTS = ("name", "goal", "constraints", "next", "handoff")
+# The handoff is not among them: it is built small (each of its texts and
+# path lists bounded, see tc.handoff_field), takes its share of TEXT_BUDGET
+# first, and is given whole, so that its last lines (next step, unrecorded
+# files) are never the ones cut.
+RESUME_TEXTS = ("name", "goal", "constraints", "next")
 
 
 def text_slots(result, omitted):
@@ -722,18 +729,18 @@ def json_prefix(text, limit):
     return text
 
 
-def bound_texts(slots, omitted):
+def bound_texts(slots, omitted, *, budget=TEXT_BUDGET):
     """Cut the longest texts, each to the same size, until all of them
-    together fit TEXT_BUDGET bytes as JSON (marks included); short texts
-    stay whole. No text is cut below TEXT_FLOOR bytes, or below its share
-    of the budget when there are very many. Bytes rather than characters:
-    they follow what a model is charged for a text more closely. A cut text
-    ends by saying how much it left out."""
+    together fit budget bytes as JSON (marks included); short texts stay
+    whole. No text is cut below TEXT_FLOOR bytes, or below its share of the
+    budget when there are very many. Bytes rather than characters: they
+    follow what a model is charged for a text more closely. A cut text ends
+    by saying how much it left out."""
     sizes = [json_size(holder[key]) for holder, key, _label in slots]
-    if sum(sizes) <= TEXT_BUDGET:
+    if sum(sizes) <= budget:
         return
-    cap = text_cap(sorted(sizes), TEXT_BUDGET, MARK_SIZE)
-    cap = max(cap, min(TEXT_FLOOR, TEXT_BUDGET // len(slots) - MARK_SIZE))
+    cap = text_cap(sorted(sizes), budget, MARK_SIZE)
+    cap = max(cap, min(TEXT_FLOOR, budget // len(slots) - MARK_SIZE))
     for (holder, key, label), size in zip(slots, sizes):
         if size <= cap + MARK_SIZE:
             continue

@@ -877,6 +877,21 @@ class ResumeTest(ToolsTest):
         self.assertEqual([line for line in text if line.startswith("- Next step")],
                          ["- Next step: the real next step"])
         self.assertEqual(text[0], "# Handoff: x\\nCurrent step: 99 (forged)")
+        self.assertIn("- Goal: " + "g" * 2000 + " [... 38000 more characters]", text)
+
+    def test_the_handoff_keeps_its_last_lines_whatever_the_texts(self):
+        cjk = "\u6f22\u5b57" * 2500  # 5,000 characters, 15,000 bytes
+        self.init(name="long texts", goal=cjk, constraints=cjk)
+        self.write("a.txt", "a\n")
+        self.save("one", description=cjk, conclusion=cjk, next="the real next step",
+                  open_questions=[cjk] * 5)
+        self.write("b.txt", "b\n")
+        res = self.ok("tc_resume", root=self.root)
+        lines = res["handoff"].splitlines()
+        self.assertIn("Next step: the real next step", lines)
+        self.assertEqual(lines[-1], "Not yet recorded: b.txt")
+        self.assertNotIn("handoff", res["omitted"])
+        self.assertLess(len(json.dumps(res, ensure_ascii=False).encode("utf-8")), 100_000)
 
     def test_resume_before_any_step(self):
         task = self.init(name="Fresh task", goal="Get started")["task_id"]
