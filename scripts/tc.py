@@ -3013,9 +3013,10 @@ class Journal:
             self.data["store_rel"] = os.path.relpath(store.directory, root)
         self.started = False
 
-    def add_entry(self, rel, before):
-        """Plan to change rel; before is (sha, mode) of its current content or None."""
-        self.data["entries"].append([rel, list(before) if before else None])
+    def add_entry(self, rel, before, after=None):
+        """Plan to change rel; before is (sha, mode) of its current content or
+        None; after, the sha the operation writes there (None: it deletes)."""
+        self.data["entries"].append([rel, list(before) if before else None, after])
 
     def add_store_new(self, path):
         self.data["store_new"].append(os.path.relpath(path, self.store.directory))
@@ -3152,10 +3153,11 @@ def _put_back(payloads, full, before, guard):
         raise
 
 
-def rollback_journal(store, directory, data=None):
+def rollback_journal(store, directory, data=None, *, keep_edits=False):
     """Undo an operation described by a journal; safe to run more than once.
     Returns the workspace paths that could not be put back (see
-    _rollback_workspace)."""
+    _rollback_workspace). keep_edits: the operation died (found at a later
+    lock), so files may have been edited since; see _keep_edits."""
     if data is None:
         try:
             data = read_json(os.path.join(directory, "plan.json"))
@@ -3171,7 +3173,7 @@ def rollback_journal(store, directory, data=None):
             "its rollback waits until it is back. To give up that rollback, and the unsaved "
             "edits it would put back, delete %r" % (data["root"], data["op"], directory))
     if there == "here":
-        stranded, not_back = _rollback_workspace(store, data)
+        stranded, not_back = _rollback_workspace(store, data, keep_edits)
     else:
         stranded = _keep_undo_content(store, data)
     _rollback_records(store, directory, data)
@@ -3214,7 +3216,7 @@ def _workspace_state(store, data):
     root = data["root"]
     if _at_or_inside(store.directory, root):
         return "here"  # its store is read from inside it
-    to_put_back = any(before is not None for _rel, before in data["entries"])
+    to_put_back = any(entry[1] is not None for entry in data["entries"])
     try:
         with os.scandir(root) as it:
             empty = next(it, None) is None
@@ -3237,7 +3239,7 @@ def _keep_undo_content(store, data):
     before the operation stays in the store, named in kept/<op_id>.json (so
     no clean-up takes it), in case the workspace was only moved. The shas
     kept."""
-    files = {rel: before for rel, before in data["entries"] if before is not None}
+    files = {entry[0]: entry[1] for entry in data["entries"] if entry[1] is not None}
     if not files:
         store.log("rollback of %s: the workspace %r was removed; its records are rolled back"
                   % (data["op_id"], data["root"]))
@@ -3250,33 +3252,65 @@ def _keep_undo_content(store, data):
     return {before[0] for before in files.values()}
 
 
-def _write_kept(store, data, files):
+def _write_kept(store, data, files, edited=None):
     """List files ({rel: (sha, mode)}) whose content a rollback keeps in the
-    store in kept/<op_id>.json, which clean-ups count as a record; its path."""
+    store in kept/<op_id>.json, which clean-ups count as a record; its path.
+    edited: the same for what files held when the rollback found them
+    changed since the operation wrote them (edits made after a crash)."""
     path = os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
-    write_json(path, {"op": data["op"], "root": data["root"], "files": files,
-                      "kept": now_iso()}, strict=True)
+    doc = {"op": data["op"], "root": data["root"], "files": files, "kept": now_iso()}
+    if edited:
+        doc["edited"] = edited
+    write_json(path, doc, strict=True)
     return path
 
 
-def _rollback_workspace(store, data):
+def _file_sha(full, guard):
+    """sha256 of the regular file full, read only inside the workspace
+    (guard); None when there is no such file or it cannot be read."""
+    try:
+        return hash_file(full, within=guard)[0]
+    except (OSError, UnsafePath):
+        return None
+
+
+def _keep_edited(store, data, full, rel, guard, edited):
+    """Store what full holds now and note it in edited ({rel: [sha, mode]}),
+    before the rollback removes or rewrites it: it changed after the
+    operation wrote it (edits made between a crash and the rollback)."""
+    try:
+        sha, _size, mode, _written = store.payloads.put_file(full, within=guard)
+    except FileNotFoundError:
+        return
+    edited[rel] = [sha, mode]
+    store.log("rollback: %r holds neither what it held before the interrupted %s nor what "
+              "the %s wrote (edited since, or a write the crash cut off); what it holds stays "
+              "in the store as %s" % (rel, data["op"], data["op"], store.payloads.path(sha)))
+
+
+def _rollback_workspace(store, data, keep_edits=False):
     """Every journaled path back to its recorded content (or absence).
 
     A file that cannot go back is logged and passed over, so that one file
     never keeps the store's rollback from finishing: its folder now leads
     outside the workspace, or something was made at its path since that
     putting it back would remove (its content stays in the store, listed in
-    kept/<op_id>.json), or its stored copy is damaged. Returns (the content
-    kept, the paths not put back)."""
+    kept/<op_id>.json), or its stored copy is damaged. With keep_edits (the
+    operation died), a file that holds neither its old content nor what the
+    operation wrote (edited between the crash and the rollback, or a write
+    the crash cut off) is rolled back too, but what it held is stored and
+    listed there first. Returns (the content kept, the paths not put back)."""
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
     kept, not_back = {}, []
-    # First what the operation made goes: its files, its staging files, and
+    edited = _keep_edits(store, data, root, guard) if keep_edits else {}
+    # Then what the operation made goes: its files, its staging files, and
     # then its folders (deepest first; one that now holds anything stays),
     # so that none of them stands where a file is to be put back.
-    for rel, before in data["entries"]:
+    for entry in data["entries"]:
+        rel, before = entry[0], entry[1]
         try:
             full = safe_workspace_path(root, rel)
         except UnsafePath:
@@ -3296,7 +3330,8 @@ def _rollback_workspace(store, data):
             rmdir_within(os.path.join(root, rel), guard)
         except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
             pass
-    for rel, before in reversed(data["entries"]):
+    for entry in reversed(data["entries"]):
+        rel, before = entry[0], entry[1]
         if before is None:
             continue
         try:
@@ -3315,8 +3350,38 @@ def _rollback_workspace(store, data):
     if kept:
         store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
                   "(file -> payload/<sha[:2]>/<sha>)"
-                  % (data["op_id"], len(kept), _write_kept(store, data, kept)))
-    return {before[0] for before in kept.values()}, not_back
+                  % (data["op_id"], len(kept), _write_kept(store, data, kept, edited)))
+    return {before[0] for before in list(kept.values()) + list(edited.values())}, not_back
+
+
+def _keep_edits(store, data, root, guard):
+    """Before a rollback changes anything: store what each journaled file
+    holds when it is neither what it held before the operation nor what the
+    operation wrote there, and list it in kept/<op_id>.json (flushed first),
+    so that edits made between a crash and the rollback are never lost, even
+    if the rollback itself is cut short (a write the crash cut off looks the
+    same, and is kept too). An entry is [rel, before, after],
+    after the sha the operation wrote (None where it deleted the file); a
+    plan of an older version has no after, and nothing is kept for it.
+    Returns {rel: [sha, mode]} of what was kept."""
+    edited = {}
+    for entry in data["entries"]:
+        if len(entry) < 3:
+            continue
+        rel, before, after = entry
+        try:
+            full = safe_workspace_path(root, rel)
+        except UnsafePath:
+            continue
+        now = _file_sha(full, guard)
+        if now is not None and now != after and (before is None or now != before[0]):
+            _keep_edited(store, data, full, rel, guard, edited)
+    if edited:
+        store.payloads.flush()
+        path = _write_kept(store, data, {}, edited)
+        store.log("rollback of %s: what %d file(s) held is kept, listed in %r"
+                  % (data["op_id"], len(edited), path))
+    return edited
 
 
 def _rollback_records(store, directory, data):
@@ -5176,7 +5241,7 @@ class Store:
                 self.log("rolling back the interrupted operation %s"
                          % os.path.basename(directory))
             try:
-                rollback_journal(self, directory)
+                rollback_journal(self, directory, keep_edits=True)
             except Exception as exc:  # kept for the next try; writes refuse meanwhile
                 if str(exc) != failed_before:
                     self.log("rollback of %s failed: %s" % (directory, exc))
@@ -6418,10 +6483,12 @@ class Checkpoints:
         journal = Journal(ws.store, "restore", ws.root)
         current = snap.entries
         try:
-            for rel in plan["to_delete"] + plan["to_replace"]:
+            for rel in plan["to_delete"]:
                 journal.add_entry(rel, (current[rel][1], current[rel][3]))
+            for rel in plan["to_replace"]:
+                journal.add_entry(rel, (current[rel][1], current[rel][3]), target[rel][1])
             for rel in plan["to_write"]:
-                journal.add_entry(rel, None)
+                journal.add_entry(rel, None, target[rel][1])
             journal.data["created_dirs"] = missing_dirs(ws.root,
                                                         plan["to_write"] + plan["to_replace"])
             journal.add_store_new(ws.records.manifests.path(state["last_manifest"] + 1))
@@ -6727,8 +6794,9 @@ class Checkpoints:
         for name in names:
             path = os.path.join(directory, name)
             try:
-                files = read_json(path).get("files")
-                shas = [before[0] for before in files.values()]
+                doc = read_json(path)
+                shas = [before[0] for part in ("files", "edited")
+                        for before in (doc.get(part) or {}).values()]
             except FileNotFoundError:
                 continue
             except (OSError, StoreCorrupt, AttributeError, TypeError, IndexError, KeyError):
@@ -6984,7 +7052,7 @@ class Checkpoints:
                                "100 MB); move it away, then import" % rel)
             if have is not None and (have[1], have[3]) != (item["sha256"], item["mode"] & 0o777):
                 overwritten.append(rel)
-            journal.add_entry(rel, (have[1], have[3]) if have else None)
+            journal.add_entry(rel, (have[1], have[3]) if have else None, item["sha256"])
         for sha in carried_history_shas(package, desc):
             check_cancelled()
             written = payloads.put_file(os.path.join(package, "history", "payload", sha))[3]

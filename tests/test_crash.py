@@ -141,7 +141,7 @@ class CrashTest(WorkspaceTest):
             started = os.stat(plan).st_mtime_ns
         except (OSError, ValueError):
             return False
-        for rel, before in entries:
+        for rel, before, *_after in entries:
             try:
                 if before and os.stat(os.path.join(root, rel)).st_mtime_ns >= started:
                     return True
@@ -545,7 +545,8 @@ class RollbackWaitsForItsWorkspace(CrashTest):
         self.prepare()
         plan = os.path.join(self.journal_base, os.listdir(self.journal_base)[0], "plan.json")
         with open(plan, encoding="utf-8") as fh:
-            undo = {rel: before[0] for rel, before in json.load(fh)["entries"] if before}
+            undo = {rel: before[0] for rel, before, *_after in json.load(fh)["entries"]
+                    if before}
         moved = self.ws + "-moved"
         os.rename(self.ws, moved)  # gone from where it was (moved, or thrown away)
         srv = self.server()
@@ -601,7 +602,8 @@ class RollbackMeetsATakenPath(CrashTest):
         self.interrupted_restore(srv, self.root, journal_base)
         plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
         with open(plan, encoding="utf-8") as fh:
-            undo = {rel: before[0] for rel, before in json.load(fh)["entries"] if before}
+            undo = {rel: before[0] for rel, before, *_after in json.load(fh)["entries"]
+                    if before}
         first = sorted(undo)[0]
         folder = next(rel.rsplit("/", 1)[0] for rel in sorted(undo)
                       if not rel.startswith(first.split("/")[0] + "/"))
@@ -633,6 +635,43 @@ class RollbackMeetsATakenPath(CrashTest):
             with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
                 self.assertEqual(hashlib.sha256(fh.read()).hexdigest(), sha)
         self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+
+
+class EditsAfterTheCrash(CrashTest):
+    """Files edited between a crash mid-restore and the rollback at the next
+    call: the rollback still puts the workspace back as it was before the
+    restore, but keeps what the edits made first."""
+
+    def test_what_files_held_when_the_rollback_found_them_is_kept(self):
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="edits")
+        srv.ok("tc_save", root=self.root, title="one")
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.root)
+        journal_base = os.path.join(self.store, "journal")
+        self.interrupted_restore(srv, self.root, journal_base)
+        plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
+        with open(plan, encoding="utf-8") as fh:
+            entries = json.load(fh)["entries"]
+        replaced = next(rel for rel, old, new in entries if old and new)
+        deleted = next(rel for rel, old, new in entries if old and not new)
+        written = next(rel for rel, old, new in entries if not old)
+        edits = {rel: ("edited after the crash: %s\n" % rel).encode()
+                 for rel in (replaced, deleted, written)}
+        for rel, data in edits.items():
+            write_bytes(self.root, rel, data)
+        self.server().ok("tc_show", root=self.root)  # its lock rolls the journal back
+        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
+        self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
+        (kept,) = os.listdir(os.path.join(self.store, "kept"))
+        with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
+            listed = json.load(fh)["edited"]
+        for rel, data in edits.items():
+            sha = hashlib.sha256(data).hexdigest()
+            self.assertEqual(listed[rel][0], sha, rel)
+            with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
+                self.assertEqual(fh.read(), data)
 
 
 class KeptContentOutlivesCompress(CrashTest):
@@ -704,7 +743,10 @@ class RollbackThroughTheRestoresOwnFolders(CrashTest):
         before = self.interrupted_over_a_file("a/x/y.txt")
         self.roll_back()
         self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
-        self.assertFalse(os.path.isdir(os.path.join(self.store, "kept")))
+        kept = os.path.join(self.store, "kept")
+        for name in os.listdir(kept) if os.path.isdir(kept) else []:
+            with open(os.path.join(kept, name), encoding="utf-8") as fh:
+                self.assertEqual(json.load(fh)["files"], {}, "a file was not put back")
 
     def test_a_file_where_the_restore_made_a_thousand_folders_deep_is_put_back(self):
         before = self.interrupted_over_a_file("a/" + "d/" * 1100 + "y.txt")
