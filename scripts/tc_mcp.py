@@ -131,7 +131,10 @@ def unread_request_id(raw):
     if b'"method"' not in raw:
         return None
     found = LEADING_ID.match(raw) or TRAILING_ID.search(raw, max(0, len(raw) - 300))
-    return json.loads(found.group(1)) if found else None
+    try:
+        return json.loads(found.group(1)) if found else None
+    except ValueError:  # not a JSON value after all ("01", a raw control character)
+        return None
 INBOX_BYTES = 4 * 1024 * 1024  # lines read ahead of the one being handled (one always fits)
 INBOX_LINES = 20_000
 CANCEL_LINE_LIMIT = 64 * 1024  # a longer line is never taken for a cancel

@@ -267,6 +267,10 @@ class MessageHandlingTest(ProtocolTest):
         self.assertEqual(reply["error"]["code"], -32600, reply)
         self.assertEqual(reply["id"], 52, reply)
         self.assertIn("values", reply["error"]["message"])
+        # An id that only looks like one is no id: no answer, and the server goes on.
+        for bad_id in (b"01", b'"\t"'):
+            self.srv.send_raw(b'{"method":"ping","params":{"x":[' + b"[]," * 2_000_000
+                              + b'[]]},"jsonrpc":"2.0","id":' + bad_id + b'}\n')
         # Its id also when it comes last, as some clients write it.
         self.srv.send_raw(b'{"method":"ping","params":{"x":[' + b"[]," * 2_000_000
                           + b'[]]},"jsonrpc":"2.0","id":53}\n')
