@@ -4812,8 +4812,28 @@ def indented(text):
     return "\n  ".join((text or "").splitlines())
 
 
-HANDOFF_FIELD_BYTES = 2000  # UTF-8 bytes of one text in a handoff (the result has it whole)
+HANDOFF_FIELD_BYTES = 2000  # bytes of one text of a handoff, as JSON (the result has it whole)
 HANDOFF_LIST_BYTES = 4000  # ... and of one list of paths
+
+
+def json_text_size(text):
+    """Bytes text takes inside a JSON string sent as UTF-8 (a control
+    character takes six, a quote two)."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
+
+
+def json_text_prefix(text, limit):
+    """The longest start of text that takes at most limit bytes as JSON."""
+    if json_text_size(text) <= limit:
+        return text
+    low, high = 0, min(len(text), limit)
+    while low < high:  # the longest fitting length lies in [low, high]
+        middle = (low + high + 1) // 2
+        if json_text_size(text[:middle]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
 
 
 def handoff_field(text, *, one_line=False):
@@ -4822,18 +4842,10 @@ def handoff_field(text, *, one_line=False):
     its further lines indented, so that no text can start a line of its own
     such as "Next step:"; cut to HANDOFF_FIELD_BYTES, so that the handoff
     stays small enough to be given whole (see tc_mcp.fit_result)."""
-    text = text or ""
-    kept = utf8_prefix(text, HANDOFF_FIELD_BYTES)
+    text = shown_path(text or "") if one_line else indented(text)
+    kept = json_text_prefix(text, HANDOFF_FIELD_BYTES)
     more = len(text) - len(kept)
-    text = shown_path(kept) if one_line else indented(kept)
-    return text + (" [... %d more characters]" % more if more else "")
-
-
-def utf8_prefix(text, limit):
-    """The longest start of text whose UTF-8 form fits limit bytes."""
-    if len(text) * 4 <= limit:
-        return text
-    return text.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+    return kept + (" [... %d more characters]" % more if more else "")
 
 
 def _path_list(paths, shown=20):
@@ -4844,12 +4856,12 @@ def _path_list(paths, shown=20):
     items, size = [], 0
     for path in paths[:shown]:
         item = shown_path(path)
-        if size + len(item.encode("utf-8", "surrogatepass")) > HANDOFF_LIST_BYTES:
+        if size + json_text_size(item) > HANDOFF_LIST_BYTES:
             if not items:  # one path longer than the whole list may be
-                items.append(utf8_prefix(item, HANDOFF_LIST_BYTES) + "...")
+                items.append(json_text_prefix(item, HANDOFF_LIST_BYTES) + "...")
             break
         items.append(item)
-        size += len(item.encode("utf-8", "surrogatepass")) + 2
+        size += json_text_size(item) + 2
     more = len(paths) - len(items)
     return ", ".join(items) + (" (+%d more)" % more if more else "")
 

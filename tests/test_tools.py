@@ -893,6 +893,20 @@ class ResumeTest(ToolsTest):
         self.assertNotIn("handoff", res["omitted"])
         self.assertLess(len(json.dumps(res, ensure_ascii=False).encode("utf-8")), 100_000)
 
+    def test_the_handoff_is_bounded_as_it_travels(self):
+        # A control character takes six bytes in JSON: the handoff is bounded
+        # in those bytes, so the result stays within its budget.
+        odd = "\x01" * 20000
+        self.init(name=odd[:1000], goal=odd, constraints=odd)
+        self.write("a.txt", "a\n")
+        self.save(odd[:1000], description=odd, conclusion=odd, next=odd)
+        for n in range(30):
+            self.write("new/%s%02d.txt" % ("\x01" * 100, n), "x\n")
+        res = self.ok("tc_resume", root=self.root)
+        self.assertLess(len(json.dumps(res["handoff"]).encode("utf-8")), 24_000)
+        self.assertLess(len(json.dumps(res, ensure_ascii=False).encode("utf-8")), 82_000)
+        self.assertTrue(res["handoff"].splitlines()[-1].startswith("Not yet recorded: "))
+
     def test_resume_before_any_step(self):
         task = self.init(name="Fresh task", goal="Get started")["task_id"]
         res = self.ok("tc_resume", root=self.root)
