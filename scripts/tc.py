@@ -5241,7 +5241,21 @@ class Store:
             self._writing = False
 
     def recover(self):
-        """Clean up after a writer that died (called with the lock newly held)."""
+        """Clean up after a writer that died (called with the lock newly held).
+        Content the dead writer (or a rollback cut short) left half written is
+        removed first, so that a rollback never takes it for a stored copy."""
+        try:
+            marked_ns = os.stat(self.marker_path).st_mtime_ns
+        except FileNotFoundError:
+            marked_ns = None
+        if marked_ns is not None:
+            swept = sweep_temp_files(self.directory)
+            if swept:
+                self.log("removed %d temporary file(s) left by an interrupted write" % swept)
+            cut = self.payloads.verify_since(marked_ns - RACY_MARGIN_NS)
+            if cut:
+                self.log("removed %d stored content file(s) an interrupted write left "
+                         "incomplete" % cut)
         journals = self.journal_dirs()
         for gone in set(self._rollback_failures) - set(journals):
             del self._rollback_failures[gone]  # rolled back by another process
@@ -5261,18 +5275,7 @@ class Store:
             else:
                 if self._rollback_failures.pop(directory, None) is not None:
                     self.log("rolled back %s after all" % os.path.basename(directory))
-        try:
-            marked_ns = os.stat(self.marker_path).st_mtime_ns
-        except FileNotFoundError:
-            marked_ns = None
         if marked_ns is not None:
-            swept = sweep_temp_files(self.directory)
-            if swept:
-                self.log("removed %d temporary file(s) left by an interrupted write" % swept)
-            cut = self.payloads.verify_since(marked_ns - RACY_MARGIN_NS)
-            if cut:
-                self.log("removed %d stored content file(s) an interrupted write left "
-                         "incomplete" % cut)
             for task_id in self.task_ids():
                 if not self.task(task_id).exists():
                     # A task directory without a state is a tc_init that died
