@@ -3252,15 +3252,34 @@ def _keep_undo_content(store, data):
     return {before[0] for before in files.values()}
 
 
+def _kept_path(store, data):
+    return os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
+
+
+def _read_kept(store, data):
+    """(files, edited) an earlier run of this rollback listed in its kept
+    file; empty when there is none (or it does not read)."""
+    try:
+        doc = read_json(_kept_path(store, data))
+    except (OSError, StoreCorrupt):
+        return {}, {}
+    parts = [doc.get(key) if isinstance(doc, dict) else None for key in ("files", "edited")]
+    return tuple(dict(part) if isinstance(part, dict) else {} for part in parts)
+
+
 def _write_kept(store, data, files, edited=None):
     """List files ({rel: (sha, mode)}) whose content a rollback keeps in the
-    store in kept/<op_id>.json, which clean-ups count as a record; its path.
+    store in kept/<op_id>.json, which clean-ups count as a record, together
+    with what an earlier run of the same rollback listed there; its path.
     edited: the same for what files held when the rollback found them
     changed since the operation wrote them (edits made after a crash)."""
-    path = os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
-    doc = {"op": data["op"], "root": data["root"], "files": files, "kept": now_iso()}
-    if edited:
-        doc["edited"] = edited
+    path = _kept_path(store, data)
+    old_files, old_edited = _read_kept(store, data)
+    old_files.update(files)
+    old_edited.update(edited or {})
+    doc = {"op": data["op"], "root": data["root"], "files": old_files, "kept": now_iso()}
+    if old_edited:
+        doc["edited"] = old_edited
     write_json(path, doc, strict=True)
     return path
 
@@ -3305,7 +3324,7 @@ def _rollback_workspace(store, data, keep_edits=False):
     guard = kernel_path(root)
     temps = list(data.get("temp_files", ()))  # plans that listed their staging names
     kept, not_back = {}, []
-    edited = _keep_edits(store, data, root, guard) if keep_edits else {}
+    edited, leave = _keep_edits(store, data, root, guard) if keep_edits else ({}, set())
     # Then what the operation made goes: its files, its staging files, and
     # then its folders (deepest first; one that now holds anything stays),
     # so that none of them stands where a file is to be put back.
@@ -3317,7 +3336,7 @@ def _rollback_workspace(store, data, keep_edits=False):
             continue
         if data.get("op_id"):
             temps.append(sibling_temp(full, data["op_id"]))
-        if before is None and os.path.isfile(full):
+        if before is None and rel not in leave and os.path.isfile(full):
             try:
                 remove_within(full, guard)
             except UnsafePath:  # now outside: not the rollback's to remove
@@ -3333,6 +3352,14 @@ def _rollback_workspace(store, data, keep_edits=False):
     for entry in reversed(data["entries"]):
         rel, before = entry[0], entry[1]
         if before is None:
+            continue
+        if rel in leave:  # edited past what is ever stored: it stays as it is
+            kept[rel] = before
+            not_back.append(rel)
+            store.log("rollback: %r was not put back: it was edited since the interrupted %s "
+                      "and is now over %d MB, so it stays as it is; what it held before "
+                      "stays in the store as %s" % (rel, data["op"], MAX_CONTENT_BYTES >> 20,
+                                                    store.payloads.path(before[0])))
             continue
         try:
             _put_back(store.payloads, safe_workspace_path(root, rel), before, guard)
@@ -3351,7 +3378,11 @@ def _rollback_workspace(store, data, keep_edits=False):
         store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
                   "(file -> payload/<sha[:2]>/<sha>)"
                   % (data["op_id"], len(kept), _write_kept(store, data, kept, edited)))
-    return {before[0] for before in list(kept.values()) + list(edited.values())}, not_back
+    # What this run or an earlier one cut short listed stays: none of it is
+    # removed with the operation's new content.
+    listed = [part.values() for part in _read_kept(store, data)]
+    return ({entry[0] for values in listed + [kept.values(), edited.values()]
+             for entry in values if isinstance(entry, list) and entry}, not_back)
 
 
 def _keep_edits(store, data, root, guard):
@@ -3363,15 +3394,20 @@ def _keep_edits(store, data, root, guard):
     same, and is kept too). An entry is [rel, before, after],
     after the sha the operation wrote (None where it deleted the file); a
     plan of an older version has no after, and nothing is kept for it.
-    Returns {rel: [sha, mode]} of what was kept."""
-    edited = {}
+    A file now over MAX_CONTENT_BYTES (whose content is never stored) is
+    not kept: the rollback leaves it where it is. Returns ({rel: [sha,
+    mode]} of what was kept, {rel} of the files to leave)."""
+    edited, leave = {}, set()
     for entry in data["entries"]:
         if len(entry) < 3:
             continue
         rel, before, after = entry
         try:
             full = safe_workspace_path(root, rel)
-        except UnsafePath:
+            if os.lstat(full).st_size > MAX_CONTENT_BYTES:
+                leave.add(rel)
+                continue
+        except (OSError, UnsafePath):
             continue
         now = _file_sha(full, guard)
         if now is not None and now != after and (before is None or now != before[0]):
@@ -3381,7 +3417,7 @@ def _keep_edits(store, data, root, guard):
         path = _write_kept(store, data, {}, edited)
         store.log("rollback of %s: what %d file(s) held is kept, listed in %r"
                   % (data["op_id"], len(edited), path))
-    return edited
+    return edited, leave
 
 
 def _rollback_records(store, directory, data):

@@ -654,19 +654,28 @@ class EditsAfterTheCrash(CrashTest):
         plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
         with open(plan, encoding="utf-8") as fh:
             entries = json.load(fh)["entries"]
-        replaced = next(rel for rel, old, new in entries if old and new)
+        replaced = [rel for rel, old, new in entries if old and new]
         deleted = next(rel for rel, old, new in entries if old and not new)
         written = next(rel for rel, old, new in entries if not old)
         edits = {rel: ("edited after the crash: %s\n" % rel).encode()
-                 for rel in (replaced, deleted, written)}
+                 for rel in (replaced[0], deleted, written)}
         for rel, data in edits.items():
             write_bytes(self.root, rel, data)
+        # One edited past what is ever stored (sparse: no room taken) stays as it is.
+        huge = os.path.join(self.root, *replaced[1].split("/"))
+        os.truncate(huge, 101 * 1024 * 1024)
         self.server().ok("tc_show", root=self.root)  # its lock rolls the journal back
         self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
-        self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
+        self.assertEqual(os.path.getsize(huge), 101 * 1024 * 1024)
+        now = snapshot(self.root)
+        del now[replaced[1]], before[replaced[1]]
+        self.assertTrue(now == before, "the workspace did not come back")
         (kept,) = os.listdir(os.path.join(self.store, "kept"))
         with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
-            listed = json.load(fh)["edited"]
+            doc = json.load(fh)
+        listed = doc["edited"]
+        self.assertEqual(list(doc["files"]), [replaced[1]])
+        self.assertNotIn(replaced[1], listed)
         for rel, data in edits.items():
             sha = hashlib.sha256(data).hexdigest()
             self.assertEqual(listed[rel][0], sha, rel)

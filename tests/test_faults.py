@@ -751,6 +751,22 @@ class RemoveFileTest(unittest.TestCase):
         self.assertTrue(tc.remove_file(path))
 
 
+class KeptListTest(unittest.TestCase):
+
+    def test_a_rollback_run_again_adds_to_what_its_first_run_kept(self):
+        store_dir = tempfile.mkdtemp(prefix="tc-kept-")
+        self.addCleanup(shutil.rmtree, store_dir, True)
+        store = tc.Store(store_dir, lambda line: None)
+        data = {"op": "restore", "op_id": "restore-1-abcd", "root": "/nowhere"}
+        one, two, three = ("%064x" % n for n in (1, 2, 3))
+        tc._write_kept(store, data, {}, {"a.txt": [one, 0o644]})  # a first run, cut short
+        tc._write_kept(store, data, {"b.txt": [two, 0o644]}, {"c.txt": [three, 0o600]})
+        with open(os.path.join(store_dir, "kept", "restore-1-abcd.json"), encoding="utf-8") as fh:
+            doc = json.load(fh)
+        self.assertEqual(doc["files"], {"b.txt": [two, 0o644]})
+        self.assertEqual(doc["edited"], {"a.txt": [one, 0o644], "c.txt": [three, 0o600]})
+
+
 class RollbackLogTest(unittest.TestCase):
 
     def test_a_rollback_that_keeps_failing_is_logged_once(self):
