@@ -149,6 +149,22 @@ class CrashTest(WorkspaceTest):
                 continue
         return False
 
+    def restore_cut_short(self, name):
+        """A task with one step, unsaved edits to most files, and a restore
+        to the step killed midway: (the workspace before the restore, the
+        journal folder, the plan's entries [rel, before, after])."""
+        names = fill_workspace(self.root, self.rng, files=600, big=4)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name=name)
+        srv.ok("tc_save", root=self.root, title="one")
+        mutate(self.root, self.rng, names, "unsaved", share=0.9)
+        before = snapshot(self.root)
+        journal_base = os.path.join(self.store, "journal")
+        self.interrupted_restore(srv, self.root, journal_base)
+        plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
+        with open(plan, encoding="utf-8") as fh:
+            return before, journal_base, json.load(fh)["entries"]
+
     def newest_drift(self, srv):
         shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
         ids = []
@@ -592,18 +608,8 @@ class RollbackMeetsATakenPath(CrashTest):
     back, and the store goes on."""
 
     def test_the_rollback_leaves_a_taken_path_alone_and_keeps_its_content(self):
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="taken")
-        srv.ok("tc_save", root=self.root, title="one")
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.root)
-        journal_base = os.path.join(self.store, "journal")
-        self.interrupted_restore(srv, self.root, journal_base)
-        plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
-        with open(plan, encoding="utf-8") as fh:
-            undo = {rel: before[0] for rel, before, *_after in json.load(fh)["entries"]
-                    if before}
+        before, journal_base, entries = self.restore_cut_short("taken")
+        undo = {rel: old[0] for rel, old, *_after in entries if old}
         first = sorted(undo)[0]
         folder = next(rel.rsplit("/", 1)[0] for rel in sorted(undo)
                       if not rel.startswith(first.split("/")[0] + "/"))
@@ -643,17 +649,7 @@ class EditsAfterTheCrash(CrashTest):
     restore, but keeps what the edits made first."""
 
     def test_what_files_held_when_the_rollback_found_them_is_kept(self):
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="edits")
-        srv.ok("tc_save", root=self.root, title="one")
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.root)
-        journal_base = os.path.join(self.store, "journal")
-        self.interrupted_restore(srv, self.root, journal_base)
-        plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
-        with open(plan, encoding="utf-8") as fh:
-            entries = json.load(fh)["entries"]
+        before, journal_base, entries = self.restore_cut_short("edits")
         replaced = [rel for rel, old, new in entries if old and new]
         deleted = next(rel for rel, old, new in entries if old and not new)
         written = next(rel for rel, old, new in entries if not old)
