@@ -1300,6 +1300,85 @@ def open_listed_folder(root, prefix, expected, kernel_root):
     return fd, st
 
 
+def _list_folder(root, prefix, expected, kernel_root):
+    """(listing iterator, its descriptor or None, device, inode) of folder
+    prefix under root; by descriptor where the platform allows (see
+    open_listed_folder), else by path, with the inode its parent listed."""
+    if not SCAN_BY_DESCRIPTOR:
+        listing = os.scandir(os.path.join(root, prefix) if prefix else root)
+        return listing, None, None, expected[0] if expected else None
+    fd, folder = open_listed_folder(root, prefix, expected, kernel_root)
+    try:
+        return os.scandir(fd), fd, folder.st_dev, folder.st_ino
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unreadable_folder(prefix, exc):
+    """The skipped entry of a folder (prefix ending in "/") not listed whole."""
+    return {"path": prefix.rstrip("/"), "reason": "unreadable directory: %s"
+            % (exc.strerror or exc.__class__.__name__)}
+
+
+def _without_folder(prefix, files, stack, skipped, unreadable):
+    """A scan's files, folders still to list, skipped entries and unreadable
+    paths, less everything under prefix (a folder ending in "/")."""
+    return ({rel: info for rel, info in files.items() if not rel.startswith(prefix)},
+            [item for item in stack if not item[0].startswith(prefix)],
+            [item for item in skipped if not (item["path"] + "/").startswith(prefix)],
+            [rel for rel in unreadable if not rel.startswith(prefix)])
+
+
+def _inode_or_zero(path):
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return 0
+
+
+def _take_listing(listing, prefix, in_sensitive, device, policy, out):
+    """The per-file loop of scan_tree: each entry of one folder's listing
+    (prefix ends in "/", or is "" for the root) goes into out = (files,
+    skipped, unreadable, folders still to list), with one stat per file
+    and name decisions from the policy's per-name caches."""
+    files, skipped, unreadable, stack = out
+    excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
+    sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
+    is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
+    make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
+    for entry in listing:
+        name = entry.name
+        if excluded(name):
+            continue
+        rel = prefix + name
+        if not name.isascii() and not utf8_name(name):
+            skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
+                            "reason": "name is not valid UTF-8"})
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if rel != store_rel:
+                    stack.append((rel + "/", in_sensitive or sensitive_dir(name),
+                                  (entry.inode(), device)))
+                continue
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno in VANISHED_ERRNOS:
+                continue  # removed since the folder was listed
+            skipped.append({"path": rel, "reason": "unreadable: %s" % (exc.strerror or exc)})
+            unreadable.append(rel)
+            continue
+        mode = st.st_mode
+        if not is_regular(mode):
+            skipped.append({"path": rel, "reason": "symlink (not followed)"
+                            if is_link(mode) else "not a regular file"})
+            continue
+        files[rel] = make_info(StatInfo, (
+            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+            mode & 0o7777, in_sensitive or sensitive_file(name)))
+
+
 def scan_tree(root, policy, dirs=None):
     """Walk root without following symlinks; stat only, never read content.
 
@@ -1310,12 +1389,7 @@ def scan_tree(root, policy, dirs=None):
     """
     started = time.time_ns()
     files, skipped, unreadable = {}, [], []
-    excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
-    sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
-    is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
-    make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
     cancel = cancel_event()
-    by_descriptor = SCAN_BY_DESCRIPTOR
     known_root = []
 
     def kernel_root():
@@ -1328,80 +1402,31 @@ def scan_tree(root, policy, dirs=None):
         if cancel is not None and cancel.is_set():
             raise Cancelled(CANCELLED_TEXT)
         prefix, in_sensitive, expected = stack.pop()
-        fd = None
         try:
-            if by_descriptor:
-                fd, folder = open_listed_folder(root, prefix, expected, kernel_root)
-                device, inode = folder.st_dev, folder.st_ino
-                it = os.scandir(fd)
-            else:
-                device, inode = None, expected[0] if expected else None
-                it = os.scandir(os.path.join(root, prefix) if prefix else root)
+            it, fd, device, inode = _list_folder(root, prefix, expected, kernel_root)
         except OSError as exc:
-            if fd is not None:
-                os.close(fd)
             if not prefix:  # nothing at all can be known: no snapshot, no "all deleted"
                 raise
             if exc.errno in VANISHED_ERRNOS and not isinstance(exc, FolderChanged):
                 continue  # removed (or made a link) since its parent was listed
-            skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
-                            "directory: %s" % (exc.strerror or exc.__class__.__name__)})
+            skipped.append(_unreadable_folder(prefix, exc))
             unreadable.append(prefix)
             continue
         if dirs is not None:
-            if inode is None:
-                try:
-                    inode = os.stat(root).st_ino
-                except OSError:
-                    inode = 0
-            dirs.append((prefix[:-1], inode))
+            dirs.append((prefix[:-1], inode if inode is not None else _inode_or_zero(root)))
         try:
             with it:
-                try:
-                    for entry in it:
-                        name = entry.name
-                        if excluded(name):
-                            continue
-                        rel = prefix + name
-                        if not name.isascii() and not utf8_name(name):
-                            skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
-                                            "reason": "name is not valid UTF-8"})
-                            continue
-                        try:
-                            if entry.is_dir(follow_symlinks=False):
-                                if rel != store_rel:
-                                    stack.append((rel + "/", in_sensitive or sensitive_dir(name),
-                                                  (entry.inode(), device)))
-                                continue
-                            st = entry.stat(follow_symlinks=False)
-                        except OSError as exc:
-                            if exc.errno in VANISHED_ERRNOS:
-                                continue  # removed since the folder was listed
-                            skipped.append({"path": rel, "reason": "unreadable: %s"
-                                            % (exc.strerror or exc)})
-                            unreadable.append(rel)
-                            continue
-                        mode = st.st_mode
-                        if not is_regular(mode):
-                            skipped.append({"path": rel, "reason": "symlink (not followed)"
-                                            if is_link(mode) else "not a regular file"})
-                            continue
-                        files[rel] = make_info(StatInfo, (
-                            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                            mode & 0o7777, in_sensitive or sensitive_file(name)))
-                except OSError as exc:  # the listing broke off partway
-                    if not prefix:
-                        raise
-                    # The folder is unknown as a whole, like one that cannot be
-                    # opened: what was already taken from it is dropped again.
-                    files = {rel: info for rel, info in files.items() if not rel.startswith(prefix)}
-                    stack = [item for item in stack if not item[0].startswith(prefix)]
-                    skipped = [item for item in skipped
-                               if not (item["path"] + "/").startswith(prefix)]
-                    unreadable = [rel for rel in unreadable if not rel.startswith(prefix)]
-                    skipped.append({"path": prefix.rstrip("/"), "reason": "unreadable "
-                                    "directory: %s" % (exc.strerror or exc.__class__.__name__)})
-                    unreadable.append(prefix)
+                _take_listing(it, prefix, in_sensitive, device, policy,
+                              (files, skipped, unreadable, stack))
+        except OSError as exc:  # the listing broke off partway
+            if not prefix:
+                raise
+            # The folder is unknown as a whole, like one that cannot be
+            # opened: what was already taken from it is dropped again.
+            files, stack, skipped, unreadable = _without_folder(
+                prefix, files, stack, skipped, unreadable)
+            skipped.append(_unreadable_folder(prefix, exc))
+            unreadable.append(prefix)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -3322,12 +3347,26 @@ def _rollback_workspace(store, data, keep_edits=False):
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
-    temps = list(data.get("temp_files", ()))  # plans that listed their staging names
-    kept, not_back = {}, []
     edited, leave = _keep_edits(store, data, root, guard) if keep_edits else ({}, set())
-    # Then what the operation made goes: its files, its staging files, and
-    # then its folders (deepest first; one that now holds anything stays),
-    # so that none of them stands where a file is to be put back.
+    _remove_what_was_made(data, root, guard, leave)
+    kept, not_back = _put_back_all(store, data, root, guard, leave)
+    if kept:
+        store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
+                  "(file -> payload/<sha[:2]>/<sha>)"
+                  % (data["op_id"], len(kept), _write_kept(store, data, kept, edited)))
+    # What this run or an earlier one cut short listed stays: none of it is
+    # removed with the operation's new content.
+    listed = [part.values() for part in _read_kept(store, data)]
+    return ({entry[0] for values in listed + [kept.values(), edited.values()]
+             for entry in values if isinstance(entry, list) and entry}, not_back)
+
+
+def _remove_what_was_made(data, root, guard, leave):
+    """The first pass of a rollback: what the operation made goes (its
+    files, its staging files, then its folders, deepest first; a folder
+    that now holds anything stays), so that none of it stands where a file
+    is to be put back. leave: paths to leave as they are."""
+    temps = list(data.get("temp_files", ()))  # plans that listed their staging names
     for entry in data["entries"]:
         rel, before = entry[0], entry[1]
         try:
@@ -3349,6 +3388,14 @@ def _rollback_workspace(store, data, keep_edits=False):
             rmdir_within(os.path.join(root, rel), guard)
         except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
             pass
+
+
+def _put_back_all(store, data, root, guard, leave):
+    """The second pass of a rollback: every journaled file that existed
+    before goes back to that content, last written first. Returns (kept:
+    rel -> its old [sha, mode] for each file not put back whose content
+    stays in the store, every path not put back)."""
+    kept, not_back = {}, []
     for entry in reversed(data["entries"]):
         rel, before = entry[0], entry[1]
         if before is None:
@@ -3364,25 +3411,16 @@ def _rollback_workspace(store, data, keep_edits=False):
         try:
             _put_back(store.payloads, safe_workspace_path(root, rel), before, guard)
         except (UnsafePath, PathTaken) as exc:  # nothing there is the rollback's to undo
-            if before is not None:
-                kept[rel] = before
-                not_back.append(rel)
-                why = ("its folder now leads outside the workspace"
-                       if isinstance(exc, UnsafePath) else str(exc))
-                store.log("rollback: %r was not put back, %s; its content stays in the store "
-                          "as %s" % (rel, why, store.payloads.path(before[0])))
+            kept[rel] = before
+            not_back.append(rel)
+            why = ("its folder now leads outside the workspace"
+                   if isinstance(exc, UnsafePath) else str(exc))
+            store.log("rollback: %r was not put back, %s; its content stays in the store "
+                      "as %s" % (rel, why, store.payloads.path(before[0])))
         except StoreCorrupt as exc:
             not_back.append(rel)
             store.log("rollback: %r was not put back: %s" % (rel, exc))
-    if kept:
-        store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
-                  "(file -> payload/<sha[:2]>/<sha>)"
-                  % (data["op_id"], len(kept), _write_kept(store, data, kept, edited)))
-    # What this run or an earlier one cut short listed stays: none of it is
-    # removed with the operation's new content.
-    listed = [part.values() for part in _read_kept(store, data)]
-    return ({entry[0] for values in listed + [kept.values(), edited.values()]
-             for entry in values if isinstance(entry, list) and entry}, not_back)
+    return kept, not_back
 
 
 def _keep_edits(store, data, root, guard):
@@ -6728,47 +6766,53 @@ class Checkpoints:
             needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
             # Content an earlier compress marked but did not get to delete
             # (it was stopped between the two) is reclaimed now.
-            freed = unreclaimed - needed
-            order = sorted(chosen)
-            marked = 0
-            try:
-                for key in order:
-                    self._mark_compressed(drifts[key], chosen[key])
-                    marked += 1
-                    freed.update(chosen[key] - needed)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                # A full disk: the content of the records still to mark goes
-                # first (each is given up anyway), to make room for marking
-                # them. Until they are marked they still list as restorable,
-                # and a restore of one names that content as missing.
-                for key in order[marked:]:
-                    freed.update(chosen[key] - needed)
-                if self._bytes_of(payloads, freed) < ROOM_MARGIN + sum(
-                        self._bytes_of_record(drifts[key]) for key in order[marked:]):
-                    raise  # too little to make room: nothing is deleted unmarked
-                freed_bytes = sum(payloads.delete(sha) for sha in sorted(freed))
-                try:
-                    for key in order[marked:]:
-                        self._mark_compressed(drifts[key], chosen[key])
-                        marked += 1
-                except OSError as again:
-                    if again.errno not in (errno.ENOSPC, errno.EDQUOT):
-                        raise
-                    raise StoreUnwritable(
-                        "tc_compress freed %d bytes, but the disk is still full: %d drift "
-                        "record(s) whose content it removed are not marked yet (free more "
-                        "space and run tc_compress again to finish)"
-                        % (freed_bytes, len(order) - marked)) from None
-                freed = set()
-                result["bytes_freed"] = freed_bytes
+            freed, result["bytes_freed"] = self._mark_compressed_all(
+                payloads, drifts, chosen, needed, unreclaimed - needed)
             result["converted"] = len(chosen)
             result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
             orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
             result["unreferenced"] = len(orphans)
             result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
         return result
+
+    def _mark_compressed_all(self, payloads, drifts, chosen, needed, freed):
+        """Mark every chosen drift record compressed (chosen: record key ->
+        the content it gives up), then say what may go: (the content to
+        delete, bytes already freed). The records are marked before their
+        content is deleted; on a full disk, the content of the records still
+        to mark is deleted first to make room, when that makes enough."""
+        order = sorted(chosen)
+        marked = 0
+        try:
+            for key in order:
+                self._mark_compressed(drifts[key], chosen[key])
+                marked += 1
+                freed.update(chosen[key] - needed)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # Until they are marked the records still list as restorable,
+            # and a restore of one names that content as missing.
+            for key in order[marked:]:
+                freed.update(chosen[key] - needed)
+            if self._bytes_of(payloads, freed) < ROOM_MARGIN + sum(
+                    self._bytes_of_record(drifts[key]) for key in order[marked:]):
+                raise  # too little to make room: nothing is deleted unmarked
+            freed_bytes = sum(payloads.delete(sha) for sha in sorted(freed))
+            try:
+                for key in order[marked:]:
+                    self._mark_compressed(drifts[key], chosen[key])
+                    marked += 1
+            except OSError as again:
+                if again.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise StoreUnwritable(
+                    "tc_compress freed %d bytes, but the disk is still full: %d drift "
+                    "record(s) whose content it removed are not marked yet (free more "
+                    "space and run tc_compress again to finish)"
+                    % (freed_bytes, len(order) - marked)) from None
+            return set(), freed_bytes
+        return freed, 0
 
     @staticmethod
     def _bytes_of(payloads, shas):
@@ -7129,30 +7173,7 @@ class Checkpoints:
             # Checked in load_package; opened without following a link.
             return os.path.join(package, "files", *item["path"].split("/"))
 
-        # New content goes to the store first, checked against its hash, and
-        # is flushed before the workspace copies exist: the flush then writes
-        # back only the store's copies, and the workspace copies are made
-        # from them by the kernel.
-        # A second path with the same new content is written from the store
-        # copy too; its own package file is only checked against the hash.
-        missing = set(payloads.missing({item["sha256"] for item in desc["files"]}))
-        firsts, repeats = {}, []
-        for item in desc["files"]:
-            if item["sha256"] in missing:
-                if item["sha256"] in firsts:
-                    repeats.append(item)
-                else:
-                    firsts[item["sha256"]] = item
-
-        def store_or_check(item):
-            if firsts[item["sha256"]] is item:
-                return payloads.store_verified(package_file(item), item["sha256"])
-            check_package_file(package_file(item), item["sha256"])
-            return None
-
-        stored = in_parallel(store_or_check, list(firsts.values()) + repeats)
-        fresh = {sha for sha, written in zip(firsts, stored) if written}
-        payloads.flush()
+        fresh = self._import_store_content(payloads, desc, package_file)
 
         def write(item, dest):
             sha, mode = item["sha256"], item["mode"] & 0o777
@@ -7161,22 +7182,8 @@ class Checkpoints:
             return payloads.import_file(package_file(item), dest, sha, mode, within=ws.guard)
 
         def place(item):
-            rel = item["path"]
-            full = fulls[rel]
-            try:
-                st = os.lstat(full)
-            except FileNotFoundError:
-                st = None
-            if st is not None and stat_mod.S_ISLNK(st.st_mode):
-                raise UnsafePath("path %r is a symlink" % rel)
-            if st is not None and stat_mod.S_ISDIR(st.st_mode):
-                rmdir_within(full, ws.guard)  # only an empty directory may give way
-                st = None
-            if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
-                st = replace_through(journal.temp_name(full), full, item["path"], ws.guard,
-                                     lambda tmp: write(item, tmp))
-            else:
-                st = write(item, full)
+            st = self._import_place(ws, journal, item["path"], fulls[item["path"]],
+                                    lambda dest: write(item, dest))
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
@@ -7200,6 +7207,53 @@ class Checkpoints:
         ws.records.write_state_with(state, lambda staged: payloads.flush_with(later + staged))
         self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
         return recovered
+
+    @staticmethod
+    def _import_store_content(payloads, desc, package_file):
+        """Store the package's content the store lacks, each checked against
+        its hash, and flush it; returns the shas stored. This comes before
+        the workspace copies exist: the flush then writes back only the
+        store's copies, and the workspace copies are made from them by the
+        kernel. A second path with the same new content is written from the
+        store's copy too; its own package file is only checked."""
+        missing = set(payloads.missing({item["sha256"] for item in desc["files"]}))
+        firsts, repeats = {}, []
+        for item in desc["files"]:
+            if item["sha256"] in missing:
+                if item["sha256"] in firsts:
+                    repeats.append(item)
+                else:
+                    firsts[item["sha256"]] = item
+
+        def store_or_check(item):
+            if firsts[item["sha256"]] is item:
+                return payloads.store_verified(package_file(item), item["sha256"])
+            check_package_file(package_file(item), item["sha256"])
+            return None
+
+        stored = in_parallel(store_or_check, list(firsts.values()) + repeats)
+        payloads.flush()
+        return {sha for sha, written in zip(firsts, stored) if written}
+
+    @staticmethod
+    def _import_place(ws, journal, rel, full, write):
+        """Write one imported file at full (write(dest) writes its content
+        and returns the written file's stat) and return that stat. A link
+        there is refused, an empty folder gives way, and a file with other
+        links or without write permission is replaced through a staging
+        name, so no other link sees the new content."""
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat_mod.S_ISLNK(st.st_mode):
+            raise UnsafePath("path %r is a symlink" % rel)
+        if st is not None and stat_mod.S_ISDIR(st.st_mode):
+            rmdir_within(full, ws.guard)  # only an empty directory may give way
+            st = None
+        if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
+            return replace_through(journal.temp_name(full), full, rel, ws.guard, write)
+        return write(full)
 
     def _import_records(self, ws, desc, later):
         """The imported steps' manifests and records, written for the
