@@ -3001,6 +3001,34 @@ def index_row(info, kind, sha):
     return [info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev, info.mode, kind, sha]
 
 
+def vouched_rows(scanned, old_rows, old_entries, trusted):
+    """(entries, rows, to_read) of a snapshot before any file is read:
+    sensitive files by size and mtime; files the stat cache vouches for
+    (trusted(row, info), None to trust nothing) keep their old row and
+    entry objects when nothing else changed, so comparing with the index
+    is mostly identity checks; to_read lists (rel, info) of the rest."""
+    entries, rows, to_read = {}, {}, []
+    for rel, info in scanned.items():
+        if info[6]:  # sensitive: size and mtime only, never read
+            rows[rel] = index_row(info, KIND_SENSITIVE, None)
+            entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
+                                          info.mtime_ns)
+            continue
+        row = old_rows.get(rel)
+        if row is not None and trusted is not None and row[6] != KIND_SENSITIVE \
+                and trusted(row, info):
+            if (row[5] == info[5] and row[2] == info[2] and row[3] == info[3]
+                    and row[4] == info[4]):
+                rows[rel] = row
+                entries[rel] = old_entries[rel]
+            else:
+                rows[rel] = index_row(info, row[6], row[7])
+                entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
+            continue
+        to_read.append((rel, info))
+    return entries, rows, to_read
+
+
 def row_to_entry(row):
     """Manifest entry for an index row."""
     return manifest_entry(row[6], row[7], row[0], row[5], row[1])
@@ -3123,27 +3151,35 @@ def sibling_temp(full, tag):
     return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
 
 
-def _put_back(payloads, full, before, guard):
-    """Make full hold (sha, mode) again; a no-op when it already does."""
-    sha, mode = before
-    try:  # only a file inside the workspace is read or given its mode back
+def _holds_already(full, sha, mode, guard):
+    """True when the regular file full (inside the workspace) holds sha; it
+    is then given mode too. False when it holds other bytes or is no such file."""
+    try:
         fh, st = open_regular(full)
         with fh:
             opened_within(fh.fd, st, None, guard, full)
             digest = hashlib.sha256()
             for block in fh.blocks():
                 digest.update(block)
-            if digest.hexdigest() == sha:
-                if stat_mod.S_IMODE(st.st_mode) != mode:
-                    if hasattr(os, "fchmod"):
-                        os.fchmod(fh.fd, mode)
-                    else:
-                        os.chmod(full, mode)
-                return
+            if digest.hexdigest() != sha:
+                return False
+            if stat_mod.S_IMODE(st.st_mode) != mode:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(fh.fd, mode)
+                else:
+                    os.chmod(full, mode)
+            return True
     except OSError:
-        pass
+        return False
+
+
+def _make_way(full, guard):
+    """Before a file is put back at full: an empty folder there gives way
+    (the operation's own folders are gone by now) and its folders are made.
+    PathTaken when a folder with something in it, or a file on the way,
+    stands there."""
     if os.path.isdir(full) and not os.path.islink(full):
-        try:  # an empty folder gives way (the operation's own folders are gone by now)
+        try:
             rmdir_within(full, guard)
         except OSError:
             pass
@@ -3153,6 +3189,14 @@ def _put_back(payloads, full, before, guard):
         make_dirs_within(os.path.dirname(full), guard)
     except (FileExistsError, NotADirectoryError):
         raise PathTaken("one of its folders is a file now") from None
+
+
+def _put_back(payloads, full, before, guard):
+    """Make full hold (sha, mode) again; a no-op when it already does."""
+    sha, mode = before
+    if _holds_already(full, sha, mode, guard):
+        return
+    _make_way(full, guard)
     tmp = sibling_temp(full, "rollback")
     remove_within(tmp, guard)
     try:
@@ -5102,7 +5146,15 @@ def _check_description(package, desc, listing):
         raise InvalidArgument("package format %r is not supported (expected %d)"
                               % (desc.get("format") if isinstance(desc, dict) else None,
                                  PACKAGE_FORMAT))
-    task = desc["task"]
+    _check_package_task(desc["task"])
+    if desc.get("step") is not None:
+        _check_step(desc["step"], "the package's current step")
+    sizes = _check_package_files(package, desc, listing)
+    _check_package_history(package, desc, listing, sizes)
+    return desc
+
+
+def _check_package_task(task):
     validate_task_id(task["task_id"], "the package's task id", new=True)
     if not isinstance(task.get("name"), str) or not task["name"].strip():
         raise InvalidArgument("the package's task has no name")
@@ -5110,12 +5162,15 @@ def _check_description(package, desc, listing):
         if task.get(key) is not None and not isinstance(task[key], str):
             raise InvalidArgument("the package's task %s is not text" % key)
     PathPolicy.check_patterns(task.get("exclude") or [])
-    if desc.get("step") is not None:
-        _check_step(desc["step"], "the package's current step")
+
+
+def _check_package_files(package, desc, listing):
+    """Check the package's file list against its files; returns sha -> the
+    size of its content, as the package's files have it."""
     if not isinstance(desc["files"], list):
         raise InvalidArgument("the package's file list is malformed")
     seen = set()
-    sizes = {}  # sha -> the size of its content, as the package's files have it
+    sizes = {}
     for item in desc["files"]:
         rel = normalize_rel(item["path"])
         if rel in seen:
@@ -5130,14 +5185,21 @@ def _check_description(package, desc, listing):
         if size != item["size"] or sizes.setdefault(item["sha256"], size) != size:
             raise InvalidArgument("the package entry %r gives %d bytes, its file has %d"
                                   % (rel, item["size"], size))
-    for entry in desc.get("history") or []:
+    return sizes
+
+
+def _check_package_history(package, desc, listing, sizes):
+    """Check the package's history: its steps, their file entries, and the
+    content it carries (hashed here; sizes gains each one's size)."""
+    history = desc.get("history") or []
+    for entry in history:
         _check_step(entry["step"], "a step in the package's history")
         for rel in entry["files"]:
             normalize_rel(rel)
         if type(entry["files"]) is not dict or not entries_ok(entry["files"].values(), 5):
             raise InvalidArgument("the package history of step %d has a malformed file "
                                   "entry" % entry["step"]["index"])
-    numbers = [entry["step"]["index"] for entry in desc.get("history") or []]
+    numbers = [entry["step"]["index"] for entry in history]
     if len(set(numbers)) != len(numbers):
         raise InvalidArgument("the package history lists a step twice")
     if numbers and desc.get("step") is not None and desc["step"]["index"] not in numbers:
@@ -5148,12 +5210,11 @@ def _check_description(package, desc, listing):
         digest, sizes[sha] = hash_file(full)
         if digest != sha:
             raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
-    for entry in desc.get("history") or []:
+    for entry in history:
         for rel, item in entry["files"].items():
             if item[0] == KIND_FILE and sizes.get(item[1], item[2]) != item[2]:
                 raise InvalidArgument("the package history of step %d gives %r a size its "
                                       "content does not have" % (entry["step"]["index"], rel))
-    return desc
 
 
 def package_history_shas(desc):
@@ -5704,27 +5765,9 @@ class Checkpoints:
         old_rows = index_doc["files"]
         old_entries = ws.records.index_entries(index_doc)
         trusted = self._trust_test(index_doc.get("stamp_ns", 0), strict)
-        entries, rows, skipped, created = {}, {}, list(scan.skipped), []
+        entries, rows, to_read = vouched_rows(scan.files, old_rows, old_entries, trusted)
+        skipped, created = list(scan.skipped), []
         reads = 0
-        to_read = []  # (rel, info) of files the cache cannot vouch for
-        for rel, info in scan.files.items():
-            if info[6]:  # sensitive: size and mtime only, never read
-                rows[rel] = index_row(info, KIND_SENSITIVE, None)
-                entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
-                                              info.mtime_ns)
-                continue
-            row = old_rows.get(rel)
-            if row is not None and trusted is not None and row[6] != KIND_SENSITIVE \
-                    and trusted(row, info):
-                if (row[5] == info[5] and row[2] == info[2] and row[3] == info[3]
-                        and row[4] == info[4]):
-                    rows[rel] = row
-                    entries[rel] = old_entries[rel]
-                else:
-                    rows[rel] = index_row(info, row[6], row[7])
-                    entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
-                continue
-            to_read.append((rel, info))
 
         def read(item):
             rel, info = item
@@ -5856,15 +5899,7 @@ class Checkpoints:
         if not isinstance(name, str) or not name.strip():
             raise InvalidArgument("name must be a non-empty string")
         exclude = PathPolicy.check_patterns(exclude)
-        if store is not None and self.config.store and (
-                os.path.realpath(store) != os.path.realpath(self.config.store)):
-            raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
-                                  "stored in %r; drop the store argument or change TC_STORE"
-                                  % (self.config.store, store))
-        if store is not None:
-            store_dir = self._checked_store_path(root, store, "store")
-        else:
-            store_dir = self.store_dir_for(root)
+        store_dir = self._init_store_dir(root, store)
         external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
         st = self._store(store_dir)
         ws = Workspace(root, st)
@@ -5902,6 +5937,17 @@ class Checkpoints:
         return {"task_id": task_id, "name": ws.state["name"], "store": st.directory,
                 "store_is_external": external, "prev_suspended": prev_suspended,
                 "exclude": exclude, "note": note}
+
+    def _init_store_dir(self, root, store):
+        """The store a tc_init uses: its store argument (checked, and only
+        where TC_STORE does not name another), else the one root already has."""
+        if store is None:
+            return self.store_dir_for(root)
+        if self.config.store and os.path.realpath(store) != os.path.realpath(self.config.store):
+            raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
+                                  "stored in %r; drop the store argument or change TC_STORE"
+                                  % (self.config.store, store))
+        return self._checked_store_path(root, store, "store")
 
     def _point_at_store(self, root, store, external):
         """Leave the pointer file an external store needs in the workspace (or
