@@ -5161,6 +5161,10 @@ def _check_package_task(task):
     for key in ("goal", "constraints"):
         if task.get(key) is not None and not isinstance(task[key], str):
             raise InvalidArgument("the package's task %s is not text" % key)
+    last = task.get("last_step")
+    if last is not None and not (_whole(last) and last <= MAX_STEP):
+        raise InvalidArgument("the package's task has no valid last step number (got %r)"
+                              % repr(last)[:40])
     PathPolicy.check_patterns(task.get("exclude") or [])
 
 
@@ -7325,5 +7329,8 @@ class Checkpoints:
             if record["index"] == head:
                 state["head_manifest"] = number
         state["head"] = head
+        # Steps the sender numbered after its head (a restore moved the head
+        # back) keep their numbers there: the next step here comes after them.
+        state["last_step"] = max(state["last_step"], head, task.get("last_step") or 0)
         state["index_manifest"] = 0
         return state

@@ -256,6 +256,30 @@ class ExportImportTest(HandoffBase):
         dst.ok("tc_restore", root=target, index=there["head"], apply=True)
         self.assertEqual(file_bytes(target), files)
 
+    def test_steps_numbered_after_the_exported_head_are_not_reused(self):
+        src = self.server()
+        src.ok("tc_init", root=self.root, name="numbering")
+        self.write("notes.txt", "start\n")
+        for number in (1, 2, 3):
+            self.write("notes.txt", "draft %d\n" % number)
+            self.assertEqual(src.ok("tc_save", root=self.root, title="step %d" % number)["index"],
+                             number)
+        src.ok("tc_restore", root=self.root, index=1, apply=True)
+        out = self.other_dir("tc-out-")
+        package = src.ok("tc_export", root=self.root, to=out)["path"]
+        target = os.path.join(self.other_dir(), "ws")
+        os.makedirs(target)
+        dst = self.server(cwd=os.path.dirname(target))
+        dst.ok("tc_import", root=target, package=package)
+        self.assertEqual(dst.ok("tc_resume", root=target)["head"], 1)
+        write(target, "notes.txt", "received\n")
+        # Steps 2 and 3 exist at the sender: the receiver's next step is 4, as the sender's is.
+        self.assertEqual(dst.ok("tc_save", root=target, title="there")["index"], 4)
+        self.assertEqual(src.ok("tc_save", root=self.root, title="here")["index"], 4)
+        missing = dst.call("tc_restore", root=target, index=2)
+        self.assertTrue(missing.is_error, missing)
+        self.assertNotIn("Traceback", missing.text)
+
     def test_export_names_the_changes_the_package_lacks(self):
         srv = self.server()
         _task, files = self.make_source(srv)
@@ -570,6 +594,14 @@ class CraftedPackageTest(HandoffBase):
             data["step"]["index"] = number
             save_description(package, data)
             self.assert_refused_without_trace(package, "step %d" % number)
+
+    def test_a_last_step_number_that_is_not_one_is_refused(self):
+        for bad in (-1, 10 ** 9, "3", 2.5, True):
+            package = self.copy_package()
+            data = load_description(package)
+            data["task"]["last_step"] = bad
+            save_description(package, data)
+            self.assert_refused_without_trace(package, "last step %r" % (bad,))
 
     def history_package(self):
         dst = os.path.join(self.crafts, "hist", os.path.basename(self.history_source))
