@@ -5244,6 +5244,27 @@ def carried_history_shas(package, desc):
 # 13. The store and the Checkpoints facade: one short method per tool
 # ---------------------------------------------------------------------------
 
+def tasks_kept_for(store_dir, root):
+    """Ids of the tasks in store_dir whose workspace is root, sorted; a
+    task whose state does not read is passed over."""
+    tasks = os.path.join(store_dir, "tasks")
+    try:
+        names = sorted(os.listdir(tasks))
+    except OSError:
+        return []
+    kept = []
+    for name in names:
+        if not PLAIN_ID.match(name):
+            continue
+        try:
+            state = read_json(os.path.join(tasks, name, "state.json"))
+        except (OSError, StoreCorrupt):
+            continue
+        if isinstance(state, dict) and state.get("root") == root:
+            kept.append(name)
+    return kept
+
+
 class Store:
     """One store directory: lock, payloads, per-task records, the active pointer."""
 
@@ -5951,7 +5972,27 @@ class Checkpoints:
             raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
                                   "stored in %r; drop the store argument or change TC_STORE"
                                   % (self.config.store, store))
-        return self._checked_store_path(root, store, "store")
+        chosen = self._checked_store_path(root, store, "store")
+        try:
+            current = self.store_dir_for(root)
+        except CheckpointError:  # a damaged pointer: the new one replaces it
+            return chosen
+        if os.path.realpath(current) == os.path.realpath(chosen):
+            return chosen
+        # A workspace names one store: its tasks elsewhere would be out of
+        # reach of every tool (no tc_switch back, no tc_resume).
+        kept = tasks_kept_for(current, root)
+        if kept:
+            raise Conflict("this workspace's task%s %s %s kept in %r; a task in another store "
+                           "would put %s out of reach of every tool. Leave out store to add "
+                           "the new task there, or first move that store aside (with its "
+                           "tasks) if they are no longer wanted here"
+                           % ("s" if len(kept) > 1 else "",
+                              ", ".join(repr(t) for t in kept[:5])
+                              + (" and %d more" % (len(kept) - 5) if len(kept) > 5 else ""),
+                              "are" if len(kept) > 1 else "is", current,
+                              "them" if len(kept) > 1 else "it"))
+        return chosen
 
     def _point_at_store(self, root, store, external):
         """Leave the pointer file an external store needs in the workspace (or

@@ -788,7 +788,18 @@ class StoreTests(WorkspaceTest):
     def test_default_store_init_after_external_store(self):
         srv = self.server()
         self.write("a.txt", "1\n")
-        srv.ok("tc_init", root=self.root, name="one", store=os.path.join(self.tmp, "ext"))
+        ext = os.path.join(self.tmp, "ext")
+        one = srv.ok("tc_init", root=self.root, name="one", store=ext)["task_id"]
+        # The workspace names one store: a task elsewhere would leave "one"
+        # out of reach, so that is refused, naming it.
+        res = srv.call("tc_init", root=self.root, name="two", store=self.store)
+        self.assertTrue(res.is_error, res)
+        self.assertIn(one, res.text)
+        self.assertIn(ext, res.text)
+        self.assertFalse(os.path.exists(self.store))
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="step")["task_id"], one)
+        # With that store moved aside, the default store takes the workspace.
+        shutil.move(ext, ext + "-old")
         two = srv.ok("tc_init", root=self.root, name="two", store=self.store)
         saved = srv.ok("tc_save", root=self.root, title="step")
         self.assertEqual(saved["task_id"], two["task_id"])

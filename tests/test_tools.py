@@ -342,6 +342,36 @@ class InitSwitchTest(ToolsTest):
         self.assertEqual(head_index(resumed["head"]), saved["index"])
         self.assertEqual(os.path.realpath(resumed["store"]), ext)
 
+    def test_a_task_in_another_store_than_the_workspace_tasks_is_refused(self):
+        first = self.init(name="first")["task_id"]
+        self.save("first step", next="go on with first")
+        second = self.init(name="second")["task_id"]  # suspends first, same store
+        ext = os.path.join(self.tmp, "ext-store")
+        res = self.refused("tc_init", root=self.root, name="third", store=ext)
+        self.assertIn("tasks %r, %r are kept in %r" % tuple(sorted([first, second]) + [self.store]),
+                      res.text)
+        self.assertFalse(os.path.exists(ext))
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".task-checkpoint-store.json")))
+        self.assertEqual(self.ok("tc_resume", root=self.root)["active_task"], second)
+        self.ok("tc_switch", root=self.root, task_id=first)
+        self.assertEqual(self.ok("tc_resume", root=self.root)["next"], "go on with first")
+        # A workspace whose tasks are in an external store: the same holds.
+        other = os.path.join(self.tmp, "other-ws")
+        write(other, "a.txt", "a\n")
+        kept = self.ok("tc_init", root=other, name="kept", store=ext)["task_id"]
+        res = self.refused("tc_init", root=other, name="next",
+                           store=os.path.join(self.tmp, "ext-two"))
+        self.assertIn("task %r is kept in %r" % (kept, ext), res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "ext-two")))
+        # The same store again is fine, and so is a store holding only
+        # other workspaces' tasks.
+        self.assertEqual(self.ok("tc_init", root=other, name="here too", store=ext)[
+            "prev_suspended"], kept)
+        third = os.path.join(self.tmp, "third-ws")
+        write(third, "b.txt", "b\n")
+        self.assertTrue(self.ok("tc_init", root=third, name="third", store=ext)[
+            "store_is_external"])
+
     def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
         ext = os.path.join(self.tmp, "ext-store")
         os.makedirs(ext)
@@ -350,6 +380,7 @@ class InitSwitchTest(ToolsTest):
         self.assertIs(self.init(store=ext)["store_is_external"], True)
         with open(os.path.join(ext, ".gitignore")) as fh:
             self.assertEqual(fh.read(), "*\n")  # the user's file is kept
+        shutil.rmtree(ext)  # its task is not wanted: another store may take the workspace
         cleared = os.path.join(self.tmp, "cleared-store")
         self.init(store=cleared)
         for name in os.listdir(cleared):  # what `rm -rf store/*` leaves: the dot file
