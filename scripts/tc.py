@@ -842,6 +842,45 @@ else:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def workspace_lock(root, *, timeout=LOCK_TIMEOUT):
+    """Held while a call decides which store a workspace's new task goes to
+    and makes it (tc_init, tc_import): the workspace names one store, and two
+    such calls choosing different stores at once would each leave the other's
+    task out of reach. An advisory lock on the workspace folder itself, so no
+    file is made there; where folders cannot be locked (Windows, some
+    network file systems) it holds nothing and each store's own lock remains."""
+    fd = None
+    if os.name != "nt":
+        try:
+            fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            pass
+    if fd is None:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        cancel = cancel_event()
+        while True:
+            try:
+                if _try_lock(fd):
+                    break
+            except OSError:  # this file system locks no folder
+                break
+            if time.monotonic() > deadline:
+                raise Conflict("another tc_init or tc_import is choosing the store of %r; "
+                               "try again" % root)
+            check_cancelled(cancel)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 class StoreLock:
     """An inter-process lock on one store, re-entrant within this process.
 
@@ -5924,10 +5963,24 @@ class Checkpoints:
         if not isinstance(name, str) or not name.strip():
             raise InvalidArgument("name must be a non-empty string")
         exclude = PathPolicy.check_patterns(exclude)
-        store_dir = self._init_store_dir(root, store)
-        external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
-        st = self._store(store_dir)
-        ws = Workspace(root, st)
+        with workspace_lock(root):
+            store_dir = self._init_store_dir(root, store)
+            external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
+            st = self._store(store_dir)
+            ws = Workspace(root, st)
+            baseline, prev_suspended = self._init_task(ws, name, goal, constraints, exclude,
+                                                       external)
+        self._watch(root, st)
+        note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
+                % (baseline, len(ws.records.read_index()["files"])))
+        return {"task_id": ws.task_id, "name": ws.state["name"], "store": st.directory,
+                "store_is_external": external, "prev_suspended": prev_suspended,
+                "exclude": exclude, "note": note}
+
+    def _init_task(self, ws, name, goal, constraints, exclude, external):
+        """Make the new task in ws.store and make it the workspace's active
+        one; returns (its baseline drift id, the task it suspended or None)."""
+        st, root = ws.store, ws.root
         with st.lock:
             self._need_writable(ws)
             task_id = self._new_task_id(st, name)
@@ -5956,12 +6009,7 @@ class Checkpoints:
                 remove_tree(ws.records.directory)
                 ws.store.payloads.discard(created)
                 raise
-        self._watch(root, st)
-        note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
-                % (baseline, len(ws.records.read_index()["files"])))
-        return {"task_id": task_id, "name": ws.state["name"], "store": st.directory,
-                "store_is_external": external, "prev_suspended": prev_suspended,
-                "exclude": exclude, "note": note}
+        return baseline, prev_suspended
 
     def _init_store_dir(self, root, store):
         """The store a tc_init uses: its store argument (checked, and only
@@ -7180,16 +7228,17 @@ class Checkpoints:
         package = validate_abs_dir(package, "package")
         desc = load_package(package)
         task_id = desc["task"]["task_id"]
-        store = self._store(self.store_dir_for(root))
-        ws = Workspace(root, store, task_id, {"exclude": desc["task"].get("exclude") or []})
-        refuse_foreign_paths(desc, self._policy(ws))
-        with store.lock:
-            self._need_writable(ws)
-            if ws.records.exists() or os.path.lexists(ws.records.directory):
-                raise AlreadyExists("task %r already exists in the store %r; nothing was "
-                                    "imported" % (task_id, store.directory))
-            self._release_caches(keep=store)
-            recovered = self._import_locked(ws, package, desc)
+        with workspace_lock(root):  # no tc_init moves the workspace to another store meanwhile
+            store = self._store(self.store_dir_for(root))
+            ws = Workspace(root, store, task_id, {"exclude": desc["task"].get("exclude") or []})
+            refuse_foreign_paths(desc, self._policy(ws))
+            with store.lock:
+                self._need_writable(ws)
+                if ws.records.exists() or os.path.lexists(ws.records.directory):
+                    raise AlreadyExists("task %r already exists in the store %r; nothing was "
+                                        "imported" % (task_id, store.directory))
+                self._release_caches(keep=store)
+                recovered = self._import_locked(ws, package, desc)
         self._watch(root, store)
         return {"task_id": task_id, "recovered": recovered}
 

@@ -248,5 +248,48 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
         self.assertEqual(resumed["changed_since_step"], [])
 
 
+
+class InitsChoosingStoresTests(WorkspaceTest):
+    """Two sessions start a task in one workspace at once, one naming an
+    external store and one not. The workspace names one store, so whichever
+    way the two calls interleave, every task a call reported made must stay
+    reachable from the workspace. Two core instances stand for the two
+    processes, so that the second call lands while the first has chosen its
+    store but not yet made its task."""
+
+    def test_a_task_made_while_another_init_moves_the_store_stays_reachable(self):
+        first = tc.Checkpoints(tc.Config(watch=False, git=False))
+        second = tc.Checkpoints(tc.Config(watch=False, git=False))
+        self.write("a.txt", "a\n")
+        ext = os.path.join(self.tmp, "ext-store")
+        made, problems = [], []
+        real = first._init_store_dir
+
+        def second_init():
+            try:
+                made.append(second.init(self.root, "beta")["task_id"])
+            except tc.CheckpointError as exc:
+                problems.append(str(exc))
+
+        def chose_then_raced(*args, **kwargs):
+            chosen = real(*args, **kwargs)
+            racer = threading.Thread(target=second_init)
+            racer.start()
+            racer.join(timeout=1.0)  # done by then unless something holds it back
+            threads.append(racer)
+            return chosen
+
+        threads = []
+        first._init_store_dir = chose_then_raced
+        made.append(first.init(self.root, "alpha", store=ext)["task_id"])
+        for racer in threads:
+            racer.join(timeout=60)
+        self.assertEqual(problems, [])
+        self.assertEqual(len(made), 2)
+        fresh = tc.Checkpoints(tc.Config(watch=False, git=False))
+        for task_id in made:
+            self.assertEqual(fresh.switch(self.root, task_id)["task_id"], task_id)
+            self.assertEqual(fresh.resume(self.root)["task_id"], task_id)
+
 if __name__ == "__main__":
     unittest.main()
