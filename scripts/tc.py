@@ -1068,7 +1068,8 @@ def looks_like_store(path):
 
 # Every name a store holds at its top level (see the README's storage layout).
 STORE_TOP_NAMES = frozenset({".gitignore", "state.lock", "clock", "current.json", "writing",
-                             "journal", KEPT_DIRNAME, "server.log", "payload", "git", "tasks"})
+                             "exporting", "journal", KEPT_DIRNAME, "server.log", "payload",
+                             "git", "tasks"})
 
 
 def store_or_empty(path):
@@ -5304,6 +5305,10 @@ def tasks_kept_for(store_dir, root):
     return kept
 
 
+# The temporary name an export builds its package under (see Checkpoints.export).
+DEAD_EXPORT_NAME = re.compile(r"\A\.[^/\\]+-handoff\.tmp-[0-9a-f]+\Z")
+
+
 class Store:
     """One store directory: lock, payloads, per-task records, the active pointer."""
 
@@ -5439,10 +5444,47 @@ class Store:
                 remove_file(self.marker_path)
             self._writing = False
 
+    @property
+    def export_marker_path(self):
+        return os.path.join(self.directory, "exporting")
+
+    def begin_export(self, tmp):
+        """Note where an export (which holds the lock throughout) builds its
+        package: found at the next lock, the note means the export died, and
+        its unfinished package is removed. Best effort: a store that cannot
+        be written still exports."""
+        try:
+            with open(self.export_marker_path, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps({"tmp": tmp}))
+        except OSError:
+            pass
+
+    def end_export(self):
+        try:
+            remove_file(self.export_marker_path)
+        except OSError:  # a note left over only costs its check at the next lock
+            pass
+
+    def _clear_dead_export(self):
+        try:
+            with open(self.export_marker_path, encoding="utf-8") as fh:
+                tmp = json.loads(fh.read()).get("tmp")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, AttributeError):
+            tmp = None
+        if (isinstance(tmp, str) and os.path.isabs(tmp)
+                and DEAD_EXPORT_NAME.match(os.path.basename(tmp))
+                and os.path.isdir(tmp) and not os.path.islink(tmp)):
+            remove_tree(tmp)
+            self.log("removed %r, the unfinished package of an export that was stopped" % tmp)
+        self.end_export()
+
     def recover(self):
         """Clean up after a writer that died (called with the lock newly held).
         Content the dead writer (or a rollback cut short) left half written is
         removed first, so that a rollback never takes it for a stored copy."""
+        self._clear_dead_export()
         try:
             marked_ns = os.stat(self.marker_path).st_mtime_ns
         except FileNotFoundError:
@@ -7120,6 +7162,7 @@ class Checkpoints:
             raise InvalidArgument("to %r is inside the checkpoint store %r; export to a folder "
                                   "outside it" % (to, store))
         final, prefix, tmp = self._package_names(ws, to)
+        noted = False  # the store notes where the package is built (see begin_export)
         try:
             with ws.store.lock:
                 task_id = ws.task_id
@@ -7132,13 +7175,18 @@ class Checkpoints:
                         remove_tree(os.path.join(to, name))
                 state = ws.records.read_state()
                 left_out = self._not_in_package(ws, state)
+                ws.store.begin_export(tmp)
+                noted = True
                 desc = self._write_package(ws, state, tmp, history, left_out)
                 if os.path.lexists(final):
                     raise AlreadyExists("a package %r already exists; move it away or "
                                         "export elsewhere" % final)
                 os.rename(tmp, final)
+                ws.store.end_export()
         except BaseException as exc:
             remove_tree(tmp)
+            if noted:
+                ws.store.end_export()
             if isinstance(exc, OSError):
                 advice = OS_ERROR_ADVICE.get(exc.errno)
                 raise CheckpointError("export to %r failed, and its unfinished package was "

@@ -726,6 +726,11 @@ class InterruptedTest(HandoffBase):
                 if finished:
                     self.assertEqual(package_files(final), expected, why)
                 retry = retry or self.server()
+                # The next call that locks the store removes the dead export's
+                # unfinished package, whatever the call.
+                retry.ok("tc_resume", root=self.root)
+                self.assertEqual(os.listdir(out), [os.path.basename(final)] if finished else [],
+                                 why)
                 res = retry.call("tc_export", root=self.root, to=out)
                 if finished:
                     self.assertTrue(res.is_error, "%s: existing package overwritten" % why)
