@@ -5203,7 +5203,7 @@ def _check_package_task(task):
             raise InvalidArgument("the package's task %s is not text" % key)
     last = task.get("last_step")
     if last is not None and not (_whole(last) and last <= MAX_STEP):
-        raise InvalidArgument("the package's task has no valid last step number (got %r)"
+        raise InvalidArgument("the package's task has no valid last step number (got %s)"
                               % repr(last)[:40])
     PathPolicy.check_patterns(task.get("exclude") or [])
 
@@ -5285,24 +5285,33 @@ def carried_history_shas(package, desc):
 # ---------------------------------------------------------------------------
 
 def tasks_kept_for(store_dir, root):
-    """Ids of the tasks in store_dir whose workspace is root, sorted; a
-    task whose state does not read is passed over."""
+    """The tasks in store_dir that may be root's, as (ids, the damaged
+    among them), sorted: those whose state names root, the one the store
+    has active for root, and any whose state does not read (its workspace
+    is unknown)."""
     tasks = os.path.join(store_dir, "tasks")
     try:
         names = sorted(os.listdir(tasks))
     except OSError:
-        return []
-    kept = []
+        return [], []
+    kept, damaged = set(), []
+    try:
+        active = read_json(os.path.join(store_dir, "current.json"))["active"].get(root)
+    except (OSError, StoreCorrupt, KeyError, TypeError, AttributeError):
+        active = None
     for name in names:
         if not PLAIN_ID.match(name):
             continue
         try:
             state = read_json(os.path.join(tasks, name, "state.json"))
-        except (OSError, StoreCorrupt):
+        except FileNotFoundError:  # an init that died midway: no task
             continue
-        if isinstance(state, dict) and state.get("root") == root:
-            kept.append(name)
-    return kept
+        except (OSError, StoreCorrupt):
+            damaged.append(name)
+            continue
+        if name == active or (isinstance(state, dict) and state.get("root") == root):
+            kept.add(name)
+    return sorted(kept.union(damaged)), damaged
 
 
 # The temporary name an export builds its package under (see Checkpoints.export).
@@ -5726,9 +5735,13 @@ class Checkpoints:
             return store
 
     def store_dir_for(self, root):
-        """TC_STORE, else the workspace's pointer file, else <root>/.checkpoints."""
+        """TC_STORE, else the workspace's own store (own_store_dir)."""
         if self.config.store:
             return self._checked_store_path(root, self.config.store, "TC_STORE")
+        return self.own_store_dir(root)
+
+    def own_store_dir(self, root):
+        """The store the workspace names: its pointer file's, else <root>/.checkpoints."""
         pointer = os.path.join(root, POINTER_NAME)
         if os.path.isfile(pointer) and not os.path.islink(pointer):
             try:
@@ -6055,34 +6068,45 @@ class Checkpoints:
 
     def _init_store_dir(self, root, store):
         """The store a tc_init uses: its store argument (checked, and only
-        where TC_STORE does not name another), else the one root already has."""
-        if store is None:
-            return self.store_dir_for(root)
-        if self.config.store and os.path.realpath(store) != os.path.realpath(self.config.store):
+        where TC_STORE does not name another), else TC_STORE, else the
+        workspace's own. A workspace names one store: one that differs from
+        the store holding the workspace's tasks is refused, since those
+        tasks would be out of reach of every tool (no tc_switch back, no
+        tc_resume)."""
+        if store is not None and self.config.store and (
+                os.path.realpath(store) != os.path.realpath(self.config.store)):
             raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
                                   "stored in %r; drop the store argument or change TC_STORE"
                                   % (self.config.store, store))
-        chosen = self._checked_store_path(root, store, "store")
+        chosen = (self.store_dir_for(root) if store is None
+                  else self._checked_store_path(root, store, "store"))
         try:
-            current = self.store_dir_for(root)
+            own = self.own_store_dir(root)
         except CheckpointError:  # a damaged pointer: the new one replaces it
             return chosen
-        if os.path.realpath(current) == os.path.realpath(chosen):
-            return chosen
-        # A workspace names one store: its tasks elsewhere would be out of
-        # reach of every tool (no tc_switch back, no tc_resume).
-        kept = tasks_kept_for(current, root)
-        if kept:
-            raise Conflict("this workspace's task%s %s %s kept in %r; a task in another store "
-                           "would put %s out of reach of every tool. Leave out store to add "
-                           "the new task there, or first move that store aside (with its "
-                           "tasks) if they are no longer wanted here"
-                           % ("s" if len(kept) > 1 else "",
-                              ", ".join(repr(t) for t in kept[:5])
-                              + (" and %d more" % (len(kept) - 5) if len(kept) > 5 else ""),
-                              "are" if len(kept) > 1 else "is", current,
-                              "them" if len(kept) > 1 else "it"))
+        if os.path.realpath(own) != os.path.realpath(chosen):
+            kept, damaged = tasks_kept_for(own, root)
+            if kept:
+                raise Conflict(self._left_behind_text(root, own, chosen, kept, damaged,
+                                                      by_env=store is None))
         return chosen
+
+    def _left_behind_text(self, root, own, chosen, kept, damaged, *, by_env):
+        names = ", ".join(repr(t) + (" (damaged)" if t in damaged else "") for t in kept[:5])
+        if len(kept) > 5:
+            names += " and %d more" % (len(kept) - 5)
+        several = len(kept) > 1
+        text = ("this workspace's task%s %s %s kept in %r; a task in %r would put %s out of "
+                "reach of every tool. " % ("s" if several else "", names,
+                                           "are" if several else "is", own, chosen,
+                                           "them" if several else "it"))
+        text += ("Unset TC_STORE (or set it to that store)" if by_env
+                 else "Leave out store") + " to add the new task there"
+        pointer = os.path.join(root, POINTER_NAME)
+        if os.path.realpath(own) == os.path.join(root, STORE_DIRNAME):
+            return text + ", or first move that store aside if its tasks are no longer wanted"
+        return text + (", or first delete %r if they are no longer wanted here (it points "
+                       "the workspace at that store, which keeps them)" % pointer)
 
     def _point_at_store(self, root, store, external):
         """Leave the pointer file an external store needs in the workspace (or
@@ -6204,9 +6228,14 @@ class Checkpoints:
         with ws.store.lock:
             self._follow_active(ws)
             self._need_writable(ws)
-            if ws.records.read_state()["status"] == "closed":
+            current = ws.records.read_state()
+            if current["status"] == "closed":
                 raise TaskClosed("task %r is closed; it stays readable, start a new one with "
                                  "tc_init" % ws.task_id)
+            if current["last_step"] >= MAX_STEP:
+                raise Conflict("task %r has reached step %d, the highest number a step can "
+                               "have; it stays readable, start a new one with tc_init"
+                               % (ws.task_id, MAX_STEP))
             # The snapshot comes first: it is the last point where a cancel
             # stops the save, and nothing may be written before it.
             old_index = ws.records.read_index()

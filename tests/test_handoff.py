@@ -602,6 +602,23 @@ class CraftedPackageTest(HandoffBase):
             data["task"]["last_step"] = bad
             save_description(package, data)
             self.assert_refused_without_trace(package, "last step %r" % (bad,))
+        res = self.dst.call("tc_import", root=self.target, package=package)
+        self.assertIn("(got True)", res.text)
+
+    def test_a_task_at_the_highest_step_number_refuses_the_next_save(self):
+        package = self.copy_package()
+        data = load_description(package)
+        data["task"]["last_step"] = 999_999_999
+        save_description(package, data)
+        task_id = self.dst.ok("tc_import", root=self.target, package=package)["task_id"]
+        steps = os.path.join(self.target, ".checkpoints", "tasks", task_id, "steps")
+        before = sorted(os.listdir(steps))
+        write(self.target, "more.txt", "more\n")
+        res = self.dst.call("tc_save", root=self.target, title="one more")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("highest number", res.text)
+        self.assertEqual(sorted(os.listdir(steps)), before)
+        self.assertTrue(self.dst.ok("tc_resume", root=self.target)["health"]["ok"])
 
     def history_package(self):
         dst = os.path.join(self.crafts, "hist", os.path.basename(self.history_source))

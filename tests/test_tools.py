@@ -362,6 +362,8 @@ class InitSwitchTest(ToolsTest):
         res = self.refused("tc_init", root=other, name="next",
                            store=os.path.join(self.tmp, "ext-two"))
         self.assertIn("task %r is kept in %r" % (kept, ext), res.text)
+        # The way out named is the workspace's pointer, not the shared store.
+        self.assertIn("delete %r" % os.path.join(other, ".task-checkpoint-store.json"), res.text)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "ext-two")))
         # The same store again is fine, and so is a store holding only
         # other workspaces' tasks.
@@ -371,6 +373,30 @@ class InitSwitchTest(ToolsTest):
         write(third, "b.txt", "b\n")
         self.assertTrue(self.ok("tc_init", root=third, name="third", store=ext)[
             "store_is_external"])
+
+    def test_tc_store_naming_another_store_than_the_workspace_tasks_is_refused(self):
+        mine = self.init(name="mine")["task_id"]
+        elsewhere = os.path.join(self.tmp, "env-store")
+        other = Server(env={"TC_STORE": elsewhere})
+        self.addCleanup(other.close)
+        other.initialize()
+        for arguments in ({}, {"store": elsewhere}):
+            res = self.refused("tc_init", srv=other, root=self.root, name="theirs", **arguments)
+            self.assertIn("task %r is kept in %r" % (mine, self.store), res.text)
+            self.assertIn("TC_STORE" if not arguments else "Leave out store", res.text)
+        self.assertFalse(os.path.exists(elsewhere))
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".task-checkpoint-store.json")))
+        self.assertEqual(self.ok("tc_resume", root=self.root)["task_id"], mine)
+
+    def test_a_damaged_task_of_the_workspace_counts_as_its_own(self):
+        mine = self.init(name="mine")["task_id"]
+        state = os.path.join(self.task_dir(mine), "state.json")
+        with open(state, "r+b") as fh:
+            fh.truncate(10)  # torn: no workspace can be read from it
+        res = self.refused("tc_init", root=self.root, name="next",
+                           store=os.path.join(self.tmp, "ext"))
+        self.assertIn("%r (damaged) is kept in" % mine, res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "ext")))
 
     def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
         ext = os.path.join(self.tmp, "ext-store")
