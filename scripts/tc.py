@@ -120,6 +120,7 @@ PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 NEW_TASK_ID = re.compile(r"^(?!.*\.\.)(?!.*\.lock\Z)(?!.*\.\Z)")
 # Steps are numbered from 1; their files take up to nine digits (s000000001).
 MAX_STEP = 999_999_999
+READ_TRIES = 3  # reads of a file that keeps changing while a snapshot reads it
 DRIFT_ID = re.compile(r"^d[0-9]{4,9}\Z")
 
 
@@ -1700,9 +1701,26 @@ def opened_within(fd, st, seen, guard, path):
                       "was replaced by a link)", path)
 
 
-def hash_file(path, *, within=None, seen=None):
+class ChangedWhileRead(OSError):
+    """A file's size or times moved while it was read: the bytes read may
+    mix two versions, a state the file never had."""
+
+    def __init__(self):
+        super().__init__(errno.EAGAIN, "it changed while it was read")
+
+
+def check_unchanged(fd, st):
+    """Raise ChangedWhileRead when the open file fd no longer has the size,
+    mtime and ctime of st (its fstat before the read)."""
+    after = os.fstat(fd)
+    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
+            st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+        raise ChangedWhileRead()
+
+
+def hash_file(path, *, within=None, seen=None, whole=False):
     """(sha256 hex, bytes read) of a file, streamed; within and seen: see
-    opened_within."""
+    opened_within. whole: ChangedWhileRead when the file changed meanwhile."""
     digest = hashlib.sha256()
     total = 0
     fh, st = open_regular(path)
@@ -1712,6 +1730,8 @@ def hash_file(path, *, within=None, seen=None):
         for block in fh.blocks():
             digest.update(block)
             total += len(block)
+        if whole:
+            check_unchanged(fh.fd, st)
     return digest.hexdigest(), total
 
 
@@ -2151,10 +2171,12 @@ class PayloadStore:
         except OSError:
             return None
 
-    def put_file(self, src, *, within=None, seen=None):
+    def put_file(self, src, *, within=None, seen=None, whole=False):
         """Read src once, store its content, return (sha, size, mode, path of
         the payload if this call wrote it, else None). Safe from several threads.
         A workspace file passes within (the root) and seen: see opened_within.
+        whole: ChangedWhileRead, and nothing stored, when src changed while
+        it was read.
 
         Small files are read whole; large ones stream into a temp file while
         hashing, so memory does not grow with file size.
@@ -2167,12 +2189,15 @@ class PayloadStore:
             if st.st_size <= READ_WHOLE_LIMIT:
                 data = fh.read_all(st.st_size)
                 sha = hashlib.sha256(data).hexdigest()
+                if whole:
+                    check_unchanged(fh.fd, st)
                 try:
                     written = self._write_bytes(sha, data)  # None when already stored
                 except OSError as exc:
                     raise self.unwritable(exc) from None
                 return sha, len(data), mode, written
-            sha, size, written = self._stream_in(fh)
+            sha, size, written = self._stream_in(
+                fh, check=(lambda: check_unchanged(fh.fd, st)) if whole else None)
             return sha, size, mode, written
 
     def unwritable(self, exc):
@@ -2249,11 +2274,12 @@ class PayloadStore:
                     removed += remove_file(path)
         return removed
 
-    def _stream_in(self, fh):
+    def _stream_in(self, fh, *, check=None):
         """Copy fh into the store while hashing it: (sha, size, path written
         or None). An error reading fh goes up as it is; one of the store's
         own writes becomes StoreUnwritable, so a failing store is never taken
-        for an unreadable workspace file."""
+        for an unreadable workspace file. check() runs once all is read,
+        before the copy takes its name; what it raises stores nothing."""
         try:
             os.makedirs(self.directory, exist_ok=True)
             fd, tmp = new_temp(self.directory, ".tmp-")
@@ -2273,6 +2299,10 @@ class PayloadStore:
                     digest.update(block)
                     out.write(block)
                     total += len(block)
+            if check is not None:
+                reading = True
+                check()
+                reading = False
             sha = digest.hexdigest()
             written = None
             if self.has(sha):
@@ -5956,15 +5986,28 @@ class Checkpoints:
         return snap._replace(reads=reads), changed
 
     def _read_file(self, ws, rel, info, store_content, created):
+        """(kind, sha, size, mode) of a scanned file, its content stored when
+        store_content. A file that changes while it is read is read again,
+        up to READ_TRIES times in all; then it counts as unreadable
+        (ChangedWhileRead), so what a record holds is a state the file had."""
+        for tries_left in range(READ_TRIES - 1, -1, -1):
+            try:
+                return self._read_file_once(ws, rel, info, store_content, created)
+            except ChangedWhileRead:
+                if not tries_left:
+                    raise
+
+    def _read_file_once(self, ws, rel, info, store_content, created):
         full = os.path.join(ws.root, *rel.split("/"))
         seen = (info.dev, info.ino)
         if info.size > MAX_CONTENT_BYTES:
-            sha, size = hash_file(full, within=ws.guard, seen=seen)
+            sha, size = hash_file(full, within=ws.guard, seen=seen, whole=True)
             return KIND_BIG, sha, size, info.mode
         if not store_content:
-            sha, size = hash_file(full, within=ws.guard, seen=seen)
+            sha, size = hash_file(full, within=ws.guard, seen=seen, whole=True)
             return KIND_FILE, sha, size, info.mode
-        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.guard, seen=seen)
+        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.guard, seen=seen,
+                                                              whole=True)
         if written:
             created.append(written)
         if size > MAX_CONTENT_BYTES:  # grew while being read

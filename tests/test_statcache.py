@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import unittest
 
 from support import SCRIPTS, WorkspaceTest, drift_key, drift_paths
@@ -399,6 +400,51 @@ class WrittenDuringARestoreTest(WorkspaceTest):
         files = {f["path"]: f["sha256"] for f in cp.show(self.root, index=step)["steps"][0]["files"]}
         self.assertEqual(files["big.bin"], hashlib.sha256(on_disk).hexdigest())
 
+
+
+class ChangingWhileReadTest(WorkspaceTest):
+    """A file rewritten while a save reads it: each step must hold a state
+    the file really had, never the first part of one version joined to the
+    rest of the next."""
+
+    server_env = {"TC_WATCH": "off"}
+    SIZE = 8 << 20
+
+    def test_a_step_never_holds_a_mix_of_two_versions(self):
+        path = os.path.join(self.root, "big.bin")
+        with open(path, "wb") as fh:
+            fh.write(b"A" * self.SIZE)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="torn")
+        stop = threading.Event()
+
+        def rewrite():
+            letter = 0
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                while not stop.is_set():
+                    block = bytes([ord("B") + letter % 20]) * (256 << 10)
+                    for offset in range(0, self.SIZE, len(block)):
+                        os.pwrite(fd, block, offset)
+                    letter += 1
+            finally:
+                os.close(fd)
+
+        writer = threading.Thread(target=rewrite)
+        writer.start()
+        try:
+            steps = [srv.ok("tc_save", root=self.root, title="save %d" % number)["index"]
+                     for number in range(12)]
+        finally:
+            stop.set()
+            writer.join()
+        for index in steps:
+            srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            self.assertEqual(len(data), self.SIZE)
+            self.assertEqual(data.count(data[:1]), self.SIZE,
+                             "step %d holds a mix of versions: %r" % (index, sorted(set(data))))
 
 if __name__ == "__main__":
     unittest.main()
