@@ -5714,12 +5714,27 @@ class Checkpoints:
             for root in roots:
                 if isinstance(root, str) and os.path.isdir(root):
                     self._watch(root, store)
+        if self.config.watch:
+            self._watch_if_workspace(os.getcwd())
         if self.config.watch and self.watcher is None:
             self.watcher = Watcher(self, interval=self.config.watch_interval,
                                    max_wait=self.config.drift_max_wait, log=self.log,
                                    events=self.config.watch_events)
             self.watcher.start()
         return self.watcher
+
+    def _watch_if_workspace(self, folder):
+        """Watch folder from the start when it is a workspace root with an
+        active task in its store (clients start a server in the project)."""
+        try:
+            root = os.path.realpath(folder)
+            store_dir = self.store_dir_for(root)
+            if os.path.isdir(store_dir):
+                store = self._store(store_dir)
+                if store.read_current().get(root):
+                    self._watch(root, store)
+        except (CheckpointError, OSError):
+            pass
 
     def stop_watcher(self):
         if self.watcher:
@@ -6460,6 +6475,7 @@ class Checkpoints:
                     "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in page]
                 if cursor + limit < len(drift_numbers):
                     next_cursor = cursor + limit
+        self._watch(ws.root, ws.store)
         return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
                 "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
                 "total_steps": len(numbers) if index is None else None}
@@ -6541,6 +6557,7 @@ class Checkpoints:
                   "store": ws.store.directory, "active_task": active, "skipped": skipped}
         result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
                                          unseen=unseen)
+        self._watch(ws.root, ws.store)  # a new session starts here: record from now on
         return result
 
     def _not_in_package(self, ws, state):
@@ -6794,6 +6811,7 @@ class Checkpoints:
             if apply:
                 recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
                                                 head_after)
+        self._watch(ws.root, ws.store)
         if apply and self.watcher:
             self.watcher.reset(ws.root)
         return {"applied": bool(apply), "recovered": recovered,
@@ -7265,6 +7283,7 @@ class Checkpoints:
                                       "removed: %s%s" % (to, describe_os_error(exc),
                                                          ". " + advice if advice else "")) from None
             raise
+        self._watch(ws.root, ws.store)
         return {"path": final, "filtered": desc["filtered"],
                 "files": [f["path"] for f in desc["files"]], "changed_since_step": left_out}
 

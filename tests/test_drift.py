@@ -81,6 +81,31 @@ class WatcherTest(WorkspaceTest):
         srv.ok("tc_save", root=self.root, title="baseline", conclusion="c", next="n")
         return srv, init["task_id"]
 
+    def drift_files(self, task_id):
+        return sorted(os.listdir(os.path.join(self.store, "tasks", task_id, "drifts")))
+
+    def test_a_restarted_server_records_from_the_first_call_of_a_session(self):
+        srv, task_id = self.start_task(WATCH_ON)
+        srv.close()
+        again = self.server(env=WATCH_ON)  # started elsewhere, no TC_STORE
+        again.ok("tc_resume", root=self.root)
+        before = self.drift_files(task_id)
+        self.write("a.txt", "edited after the resume, before any save\n")
+        self.assertTrue(wait_for(lambda: self.drift_files(task_id) != before, 8),
+                        "the watcher recorded nothing after tc_resume")
+        new = [d for d in all_drifts(again, self.root) if "%s.json" % drift_key(d) not in before]
+        self.assertIn("a.txt", {p for d in new for p in drift_paths(d, "modified")})
+
+    def test_a_server_started_in_the_workspace_records_before_any_call(self):
+        srv, task_id = self.start_task(WATCH_ON)
+        srv.close()
+        self.server(env=WATCH_ON, cwd=self.root)
+        before = self.drift_files(task_id)
+        wait_for(lambda: False, 3 * TICK)  # its first walk sees the workspace as stored
+        self.write("a.txt", "edited with no tool call at all\n")
+        self.assertTrue(wait_for(lambda: self.drift_files(task_id) != before, 8),
+                        "a server started in the workspace did not watch it")
+
     def test_plain_file_writes_become_a_drift_record(self):
         srv, _ = self.start_task(WATCH_ON)
         known = {drift_key(d) for d in all_drifts(srv, self.root)}
