@@ -398,6 +398,20 @@ def git_snapshot(root, env, index_path, seed_index, objects=None):
 # The server, spoken to over stdio
 # ---------------------------------------------------------------------------
 
+def compile_server_modules():
+    """Bring the server's compiled modules up to date, as installing the
+    package does: the servers run with PYTHONDONTWRITEBYTECODE, and one
+    that compiled its sources at every start would count that time and
+    memory (about 0.15 s and 17 MB) in its first call and its peak."""
+    import py_compile
+    for name in ("tc.py", "tc_mcp.py"):
+        try:
+            py_compile.compile(os.path.join(REPO, "scripts", name), doraise=True)
+        except (OSError, py_compile.PyCompileError) as exc:
+            print("note: could not compile %s (%s); its servers compile it at start"
+                  % (name, exc), file=sys.stderr)
+
+
 def server_env(extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TC_", "GIT_"))}
     env.update({"TC_WATCH": "off", "TC_GIT": "off", "PYTHONDONTWRITEBYTECODE": "1"})
@@ -1069,6 +1083,7 @@ class Bench:
         self.say("task-checkpoint-mcp bench: size=%s seed=%s repeats=%d workdir=%s"
                  % (self.args.size, self.seed, self.repeats, self.workdir))
         self.say("server: %s" % " ".join(self.command))
+        compile_server_modules()
         try:
             for name in names:
                 if name == "git":
