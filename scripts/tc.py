@@ -5715,7 +5715,7 @@ class Checkpoints:
                 if isinstance(root, str) and os.path.isdir(root):
                     self._watch(root, store)
         if self.config.watch:
-            self._watch_if_workspace(os.getcwd())
+            self._watch_if_workspace()
         if self.config.watch and self.watcher is None:
             self.watcher = Watcher(self, interval=self.config.watch_interval,
                                    max_wait=self.config.drift_max_wait, log=self.log,
@@ -5723,11 +5723,12 @@ class Checkpoints:
             self.watcher.start()
         return self.watcher
 
-    def _watch_if_workspace(self, folder):
-        """Watch folder from the start when it is a workspace root with an
-        active task in its store (clients start a server in the project)."""
+    def _watch_if_workspace(self):
+        """Watch the working folder from the start when it is a workspace
+        root with an active task in its store (clients start a server in the
+        project). Nothing here may stop a server from starting."""
         try:
-            root = os.path.realpath(folder)
+            root = os.path.realpath(os.getcwd())  # (a deleted folder has none)
             store_dir = self.store_dir_for(root)
             if os.path.isdir(store_dir):
                 store = self._store(store_dir)

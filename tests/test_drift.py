@@ -10,11 +10,12 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import unittest
 
-from support import (WorkspaceTest, can_symlink, drift_key, drift_paths, snapshot, stored_shas,
+from support import (SCRIPTS, WorkspaceTest, can_symlink, drift_key, drift_paths, snapshot, stored_shas,
                      tree_listing, unnamed_payloads)
 
 # Short ticks keep the suite fast; the behaviour is the same at any interval.
@@ -105,6 +106,16 @@ class WatcherTest(WorkspaceTest):
         self.write("a.txt", "edited with no tool call at all\n")
         self.assertTrue(wait_for(lambda: self.drift_files(task_id) != before, 8),
                         "a server started in the workspace did not watch it")
+
+    def test_a_server_started_in_a_deleted_folder_still_serves(self):
+        gone = os.path.join(self.tmp, "gone")
+        os.makedirs(gone)
+        command = ["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -S "$3"', "sh", gone,
+                   sys.executable, os.path.join(SCRIPTS, "tc_mcp.py")]
+        srv = self.server(env=WATCH_ON, command=command)  # answers its initialize
+        self.assertEqual(srv.request("ping")["result"], {})
+        self.write("a.txt", "a\n")
+        self.assertTrue(srv.ok("tc_init", root=self.root, name="from nowhere")["task_id"])
 
     def test_plain_file_writes_become_a_drift_record(self):
         srv, _ = self.start_task(WATCH_ON)
