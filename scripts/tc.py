@@ -6162,8 +6162,9 @@ class Checkpoints:
         text += ("Unset TC_STORE (or set it to that store)" if by_env
                  else "Leave out store") + " to add the new task there"
         pointer = os.path.join(root, POINTER_NAME)
-        if os.path.realpath(own) == os.path.join(root, STORE_DIRNAME):
-            return text + ", or first move that store aside if its tasks are no longer wanted"
+        if not os.path.isfile(pointer):  # its own folder (or a link there) is the store
+            return text + (", or first move %r aside if its tasks are no longer wanted"
+                           % os.path.join(root, STORE_DIRNAME))
         return text + (", or first delete %r if they are no longer wanted here (it points "
                        "the workspace at that store, which keeps them)" % pointer)
 

@@ -398,6 +398,20 @@ class InitSwitchTest(ToolsTest):
         self.assertIn("%r (damaged) is kept in" % mine, res.text)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "ext")))
 
+    def test_the_way_out_named_for_a_linked_store_folder_is_that_folder(self):
+        elsewhere = os.path.join(self.tmp, "linked-store")
+        os.makedirs(elsewhere)
+        os.symlink(elsewhere, os.path.join(self.root, ".checkpoints"))
+        mine = self.init(name="mine")["task_id"]
+        pointer = os.path.join(self.root, ".task-checkpoint-store.json")
+        if os.path.exists(pointer):
+            os.remove(pointer)  # the link alone leads to the same store
+        res = self.refused("tc_init", root=self.root, name="next",
+                           store=os.path.join(self.tmp, "ext"))
+        self.assertIn(mine, res.text)
+        self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
+        self.assertNotIn(".task-checkpoint-store.json", res.text)
+
     def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
         ext = os.path.join(self.tmp, "ext-store")
         os.makedirs(ext)
