@@ -1709,13 +1709,31 @@ class ChangedWhileRead(OSError):
         super().__init__(errno.EAGAIN, "it changed while it was read")
 
 
-def check_unchanged(fd, st):
-    """Raise ChangedWhileRead when the open file fd no longer has the size,
-    mtime and ctime of st (its fstat before the read)."""
+def check_unchanged(fd, st, count, sha):
+    """After count bytes hashing to sha were read from the open file fd:
+    raise ChangedWhileRead when its size, mtime or ctime moved since st
+    (its fstat before the read), unless it only grew and still begins with
+    those bytes. That is a file appended to, such as a log: what was read
+    is a state it had."""
     after = os.fstat(fd)
-    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
+    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (
             st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-        raise ChangedWhileRead()
+        return
+    if st.st_size <= count <= after.st_size and _prefix_sha(fd, count) == sha:
+        return
+    raise ChangedWhileRead()
+
+
+def _prefix_sha(fd, count):
+    digest = hashlib.sha256()
+    offset = 0
+    while offset < count:
+        block = os.pread(fd, min(CHUNK, count - offset), offset)
+        if not block:
+            return None
+        digest.update(block)
+        offset += len(block)
+    return digest.hexdigest()
 
 
 def hash_file(path, *, within=None, seen=None, whole=False):
@@ -1731,7 +1749,7 @@ def hash_file(path, *, within=None, seen=None, whole=False):
             digest.update(block)
             total += len(block)
         if whole:
-            check_unchanged(fh.fd, st)
+            check_unchanged(fh.fd, st, total, digest.hexdigest())
     return digest.hexdigest(), total
 
 
@@ -2190,14 +2208,15 @@ class PayloadStore:
                 data = fh.read_all(st.st_size)
                 sha = hashlib.sha256(data).hexdigest()
                 if whole:
-                    check_unchanged(fh.fd, st)
+                    check_unchanged(fh.fd, st, len(data), sha)
                 try:
                     written = self._write_bytes(sha, data)  # None when already stored
                 except OSError as exc:
                     raise self.unwritable(exc) from None
                 return sha, len(data), mode, written
             sha, size, written = self._stream_in(
-                fh, check=(lambda: check_unchanged(fh.fd, st)) if whole else None)
+                fh, check=(lambda count, sha: check_unchanged(fh.fd, st, count, sha))
+                if whole else None)
             return sha, size, mode, written
 
     def unwritable(self, exc):
@@ -2278,8 +2297,8 @@ class PayloadStore:
         """Copy fh into the store while hashing it: (sha, size, path written
         or None). An error reading fh goes up as it is; one of the store's
         own writes becomes StoreUnwritable, so a failing store is never taken
-        for an unreadable workspace file. check() runs once all is read,
-        before the copy takes its name; what it raises stores nothing."""
+        for an unreadable workspace file. check(size, sha) runs once all is
+        read, before the copy takes its name; what it raises stores nothing."""
         try:
             os.makedirs(self.directory, exist_ok=True)
             fd, tmp = new_temp(self.directory, ".tmp-")
@@ -2299,11 +2318,11 @@ class PayloadStore:
                     digest.update(block)
                     out.write(block)
                     total += len(block)
+            sha = digest.hexdigest()
             if check is not None:
                 reading = True
-                check()
+                check(total, sha)
                 reading = False
-            sha = digest.hexdigest()
             written = None
             if self.has(sha):
                 remove_file(tmp)
@@ -6012,6 +6031,7 @@ class Checkpoints:
             except ChangedWhileRead:
                 if not tries_left:
                     raise
+            time.sleep(0.05 * (READ_TRIES - tries_left))  # a writer mid-save may finish
 
     def _read_file_once(self, ws, rel, info, store_content, created):
         full = os.path.join(ws.root, *rel.split("/"))

@@ -446,5 +446,40 @@ class ChangingWhileReadTest(WorkspaceTest):
             self.assertEqual(data.count(data[:1]), self.SIZE,
                              "step %d holds a mix of versions: %r" % (index, sorted(set(data))))
 
+    def test_a_file_appended_to_while_it_is_read_is_recorded(self):
+        path = os.path.join(self.root, "train.log")
+        with open(path, "wb") as fh:
+            fh.write(b"warming up\n" * (self.SIZE // 11))
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="log")
+        stop = threading.Event()
+
+        def append():
+            number = 0
+            with open(path, "ab", buffering=0) as fh:
+                while not stop.is_set():
+                    fh.write(b"epoch %d loss 0.%04d\n" % (number, number % 9973))
+                    number += 1
+                    stop.wait(0.001)
+
+        writer = threading.Thread(target=append)
+        writer.start()
+        try:
+            saves = [srv.ok("tc_save", root=self.root, title="save %d" % n) for n in range(4)]
+        finally:
+            stop.set()
+            writer.join()
+        with open(path, "rb") as fh:
+            final = fh.read()
+        for saved in saves:
+            self.assertNotIn("train.log", [p["path"] for p in saved["skipped_paths"]], saved)
+        for saved in saves:
+            srv.ok("tc_restore", root=self.root, index=saved["index"], apply=True)
+            with open(path, "rb") as fh:
+                held = fh.read()
+            self.assertGreaterEqual(len(held), self.SIZE // 11 * 11)
+            self.assertTrue(final.startswith(held), "step %d is no state the log had"
+                            % saved["index"])
+
 if __name__ == "__main__":
     unittest.main()
