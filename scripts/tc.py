@@ -882,6 +882,52 @@ def workspace_lock(root, *, timeout=LOCK_TIMEOUT):
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def hold_folder_lock(path):
+    """A descriptor of folder path holding an advisory lock on it (closing
+    it releases the lock), or None where folders cannot be locked. Marks a
+    folder being built, for folder_abandoned."""
+    if os.name == "nt":
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if _try_lock(fd):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def folder_abandoned(path, *, unknown_after=86400):
+    """True when path is a folder (not a link) that no process holds
+    hold_folder_lock on: its builder is gone. Where that cannot be told
+    (Windows, file systems that lock no folder), when the folder has not
+    changed for unknown_after seconds."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat_mod.S_ISDIR(st.st_mode):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            return _try_lock(fd)  # taken: nobody held it (closing releases it again)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return time.time() - st.st_mtime > unknown_after
+
+
 class StoreLock:
     """An inter-process lock on one store, re-entrant within this process.
 
@@ -5532,8 +5578,7 @@ class Store:
         except (OSError, ValueError, AttributeError):
             tmp = None
         if (isinstance(tmp, str) and os.path.isabs(tmp)
-                and DEAD_EXPORT_NAME.match(os.path.basename(tmp))
-                and os.path.isdir(tmp) and not os.path.islink(tmp)):
+                and DEAD_EXPORT_NAME.match(os.path.basename(tmp)) and folder_abandoned(tmp)):
             remove_tree(tmp)
             self.log("removed %r, the unfinished package of an export that was stopped" % tmp)
         self.end_export()
@@ -6308,14 +6353,9 @@ class Checkpoints:
         with ws.store.lock:
             self._follow_active(ws)
             self._need_writable(ws)
-            current = ws.records.read_state()
-            if current["status"] == "closed":
+            if ws.records.read_state()["status"] == "closed":
                 raise TaskClosed("task %r is closed; it stays readable, start a new one with "
                                  "tc_init" % ws.task_id)
-            if current["last_step"] >= MAX_STEP:
-                raise Conflict("task %r has reached step %d, the highest number a step can "
-                               "have; it stays readable, start a new one with tc_init"
-                               % (ws.task_id, MAX_STEP))
             # The snapshot comes first: it is the last point where a cancel
             # stops the save, and nothing may be written before it.
             old_index = ws.records.read_index()
@@ -6408,6 +6448,10 @@ class Checkpoints:
                            snap):
             index, idempotent, new_step = head["index"], True, None
         else:
+            if state["last_step"] >= MAX_STEP:  # (the caller drops what was written)
+                raise Conflict("task %r has reached step %d, the highest number a step can "
+                               "have; it can still be closed and stays readable, start a new "
+                               "one with tc_init" % (ws.task_id, MAX_STEP))
             index, idempotent = state["last_step"] + 1, False
             new_step = make_step(index=index, title=title, description=description,
                                  conclusion=conclusion, next_step=next_step, verified=verified,
@@ -7273,41 +7317,51 @@ class Checkpoints:
         if store is not None:
             raise InvalidArgument("to %r is inside the checkpoint store %r; export to a folder "
                                   "outside it" % (to, store))
-        final, prefix, tmp = self._package_names(ws, to)
-        noted = False  # the store notes where the package is built (see begin_export)
         try:
             with ws.store.lock:
-                task_id = ws.task_id
-                self._follow_active(ws)
-                if ws.task_id != task_id:  # another server switched tasks meanwhile
-                    final, prefix, tmp = self._package_names(ws, to)
-                # Under the lock, a temporary package of this task is a dead export's.
-                for name in os.listdir(to):
-                    if name.startswith(prefix):
-                        remove_tree(os.path.join(to, name))
-                state = ws.records.read_state()
-                left_out = self._not_in_package(ws, state)
-                ws.store.begin_export(tmp)
-                noted = True
+                final, desc, left_out = self._export_locked(ws, to, history)
+        except OSError as exc:
+            advice = OS_ERROR_ADVICE.get(exc.errno)
+            raise CheckpointError("export to %r failed, and its unfinished package was "
+                                  "removed: %s%s" % (to, describe_os_error(exc),
+                                                     ". " + advice if advice else "")) from None
+        self._watch(ws.root, ws.store)
+        return {"path": final, "filtered": desc["filtered"],
+                "files": [f["path"] for f in desc["files"]], "changed_since_step": left_out}
+
+    def _export_locked(self, ws, to, history):
+        """Build the package under a temporary name in to, then rename it
+        into place; (its path, its description, the paths it lacks). While
+        it is built, this process holds a lock on its folder and the store
+        notes where it is (begin_export): a later lock holder removes it only
+        once no process holds that lock, so neither a copy of the store nor
+        another server can take a live export's package for a dead one's."""
+        self._follow_active(ws)  # (another server may have switched tasks meanwhile)
+        final, prefix, tmp = self._package_names(ws, to)
+        for name in os.listdir(to):
+            if name.startswith(prefix) and folder_abandoned(os.path.join(to, name)):
+                remove_tree(os.path.join(to, name))  # a dead export's
+        state = ws.records.read_state()
+        left_out = self._not_in_package(ws, state)
+        os.makedirs(tmp)
+        held = hold_folder_lock(tmp)
+        try:
+            ws.store.begin_export(tmp)
+            try:
                 desc = self._write_package(ws, state, tmp, history, left_out)
                 if os.path.lexists(final):
                     raise AlreadyExists("a package %r already exists; move it away or "
                                         "export elsewhere" % final)
                 os.rename(tmp, final)
+            except BaseException:
+                remove_tree(tmp)
+                raise
+            finally:
                 ws.store.end_export()
-        except BaseException as exc:
-            remove_tree(tmp)
-            if noted:
-                ws.store.end_export()
-            if isinstance(exc, OSError):
-                advice = OS_ERROR_ADVICE.get(exc.errno)
-                raise CheckpointError("export to %r failed, and its unfinished package was "
-                                      "removed: %s%s" % (to, describe_os_error(exc),
-                                                         ". " + advice if advice else "")) from None
-            raise
-        self._watch(ws.root, ws.store)
-        return {"path": final, "filtered": desc["filtered"],
-                "files": [f["path"] for f in desc["files"]], "changed_since_step": left_out}
+        finally:
+            if held is not None:
+                os.close(held)  # (releases the lock)
+        return final, desc, left_out
 
     @staticmethod
     def _package_names(ws, to):
@@ -7328,7 +7382,6 @@ class Checkpoints:
         else:  # no step, and the latest record is known to the index alone (a
             # restore or an import that left some paths as they were)
             entries = ws.records.index_entries(ws.records.read_index())
-        os.makedirs(tmp)
         files, filtered = self._export_files(ws, entries, os.path.join(tmp, "files"))
         desc = {"format": PACKAGE_FORMAT, "tool": "task-checkpoint-mcp", "version": __version__,
                 "task": {k: state.get(k) for k in ("task_id", "name", "goal", "constraints",

@@ -619,6 +619,16 @@ class CraftedPackageTest(HandoffBase):
         self.assertIn("highest number", res.text)
         self.assertEqual(sorted(os.listdir(steps)), before)
         self.assertTrue(self.dst.ok("tc_resume", root=self.target)["health"]["ok"])
+        # It can still be closed: that needs no new step, once the workspace
+        # holds the step's files again.
+        for rel in set(workspace_state(self.target)) - {f["path"] for f in data["files"]}:
+            os.remove(os.path.join(self.target, rel))
+        head = data["step"]
+        closed = self.dst.ok("tc_save", root=self.target, title=head["title"],
+                             conclusion=head.get("conclusion", ""), next=head.get("next", ""),
+                             verified=head.get("verified", []), close=True)
+        self.assertEqual((closed["idempotent"], closed["status"]), (True, "closed"))
+        self.assertEqual(sorted(os.listdir(steps)), before)
 
     def history_package(self):
         dst = os.path.join(self.crafts, "hist", os.path.basename(self.history_source))
@@ -756,6 +766,36 @@ class InterruptedTest(HandoffBase):
                     self.assertEqual(package_files(res["path"]), expected, why)
                     # The dead export's temporary package is cleared by the retry.
                     self.assertEqual(os.listdir(out), [os.path.basename(res["path"])], why)
+
+    @unittest.skipIf(os.name == "nt", "folder locks are POSIX")
+    def test_a_package_still_being_built_elsewhere_is_left_alone(self):
+        import fcntl
+        srv = self.server()
+        task_id = self.big_source(srv)
+        out = self.other_dir("tc-out-")
+        # Another process (a server on a copy of this store, say) is building
+        # a package of this task in the same folder: it holds its folder's lock.
+        live = os.path.join(out, ".%s-handoff.tmp-0123abcd" % task_id)
+        os.makedirs(os.path.join(live, "files"))
+        holder = os.open(live, os.O_RDONLY)
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            # This store's note names it too, as a copy of the other's would.
+            with open(os.path.join(self.store, "exporting"), "w") as fh:
+                json.dump({"tmp": live}, fh)
+            srv.ok("tc_resume", root=self.root)
+            package = srv.ok("tc_export", root=self.root, to=out)["path"]
+            self.assertTrue(os.path.isdir(os.path.join(live, "files")), "a live export was removed")
+            self.assertEqual(sorted(os.listdir(out)),
+                             sorted([os.path.basename(live), os.path.basename(package)]))
+        finally:
+            os.close(holder)
+        # Once nobody builds it, the next lock of the store removes it.
+        with open(os.path.join(self.store, "exporting"), "w") as fh:
+            json.dump({"tmp": live}, fh)
+        srv.ok("tc_resume", root=self.root)
+        self.assertEqual(os.listdir(out), [os.path.basename(package)])
+        self.assertFalse(os.path.exists(os.path.join(self.store, "exporting")))
 
     def check_after_restart(self, target, package, task_id, before, complete, why):
         """After a restart the first call sees a complete import or none; a retry works."""
