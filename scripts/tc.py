@@ -903,10 +903,11 @@ def hold_folder_lock(path):
 
 
 def folder_abandoned(path, *, unknown_after=86400):
-    """True when path is a folder (not a link) that no process holds
-    hold_folder_lock on: its builder is gone. Where that cannot be told
-    (Windows, file systems that lock no folder), when the folder has not
-    changed for unknown_after seconds."""
+    """Whether path is a folder (not a link) whose builder is gone: True when
+    no process holds hold_folder_lock on it, False when one does or when
+    nothing is there. Where that cannot be told (Windows, file systems that
+    lock no folder): True once the folder has not changed for unknown_after
+    seconds, else None."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -925,7 +926,7 @@ def folder_abandoned(path, *, unknown_after=86400):
             pass
         finally:
             os.close(fd)
-    return time.time() - st.st_mtime > unknown_after
+    return True if time.time() - st.st_mtime > unknown_after else None
 
 
 class StoreLock:
@@ -5549,45 +5550,61 @@ class Store:
             self._writing = False
 
     @property
-    def export_marker_path(self):
+    def exports_path(self):
         return os.path.join(self.directory, "exporting")
 
     def begin_export(self, tmp):
-        """Note where an export (which holds the lock throughout) builds its
-        package: found at the next lock, the note means the export died, and
-        its unfinished package is removed. Best effort: a store that cannot
-        be written still exports."""
+        """Note where an export builds its package (one note per export, in
+        exporting/): found at a later lock, a note whose package no process
+        holds means the export died, and the package is removed. Returns the
+        note, or None: a store that cannot be written still exports."""
+        note = os.path.join(self.exports_path, os.path.basename(tmp) + ".json")
         try:
-            with open(self.export_marker_path, "w", encoding="utf-8") as fh:
+            os.makedirs(self.exports_path, exist_ok=True)
+            with open(note, "w", encoding="utf-8") as fh:
                 fh.write(json.dumps({"tmp": tmp}))
         except OSError:
-            pass
+            return None
+        return note
 
-    def end_export(self):
-        try:
-            remove_file(self.export_marker_path)
-        except OSError:  # a note left over only costs its check at the next lock
-            pass
+    @staticmethod
+    def end_export(note):
+        if note is not None:
+            try:
+                remove_file(note)
+            except OSError:  # a note left over only costs its check at a later lock
+                pass
 
-    def _clear_dead_export(self):
+    def _clear_dead_exports(self):
         try:
-            with open(self.export_marker_path, encoding="utf-8") as fh:
-                tmp = json.loads(fh.read()).get("tmp")
-        except FileNotFoundError:
+            names = os.listdir(self.exports_path)
+        except OSError:
             return
-        except (OSError, ValueError, AttributeError):
-            tmp = None
-        if (isinstance(tmp, str) and os.path.isabs(tmp)
-                and DEAD_EXPORT_NAME.match(os.path.basename(tmp)) and folder_abandoned(tmp)):
-            remove_tree(tmp)
-            self.log("removed %r, the unfinished package of an export that was stopped" % tmp)
-        self.end_export()
+        for name in names:
+            note = os.path.join(self.exports_path, name)
+            try:
+                with open(note, encoding="utf-8") as fh:
+                    tmp = json.loads(fh.read()).get("tmp")
+            except (OSError, ValueError, AttributeError):
+                tmp = None
+            if not (isinstance(tmp, str) and os.path.isabs(tmp)
+                    and DEAD_EXPORT_NAME.match(os.path.basename(tmp))):
+                self.end_export(note)
+                continue
+            abandoned = folder_abandoned(tmp)
+            if abandoned is None:
+                continue  # cannot be told yet: the note stays for a later lock
+            if abandoned:
+                remove_tree(tmp)
+                self.log("removed %r, the unfinished package of an export that was stopped"
+                         % tmp)
+            self.end_export(note)
 
     def recover(self):
         """Clean up after a writer that died (called with the lock newly held).
         Content the dead writer (or a rollback cut short) left half written is
         removed first, so that a rollback never takes it for a stored copy."""
-        self._clear_dead_export()
+        self._clear_dead_exports()
         try:
             marked_ns = os.stat(self.marker_path).st_mtime_ns
         except FileNotFoundError:
@@ -7343,11 +7360,12 @@ class Checkpoints:
                 remove_tree(os.path.join(to, name))  # a dead export's
         state = ws.records.read_state()
         left_out = self._not_in_package(ws, state)
-        os.makedirs(tmp)
-        held = hold_folder_lock(tmp)
+        note = ws.store.begin_export(tmp)  # first: a kill from here on leaves it noted
+        held = None
         try:
-            ws.store.begin_export(tmp)
             try:
+                os.makedirs(tmp)
+                held = hold_folder_lock(tmp)
                 desc = self._write_package(ws, state, tmp, history, left_out)
                 if os.path.lexists(final):
                     raise AlreadyExists("a package %r already exists; move it away or "
@@ -7356,9 +7374,8 @@ class Checkpoints:
             except BaseException:
                 remove_tree(tmp)
                 raise
-            finally:
-                ws.store.end_export()
         finally:
+            ws.store.end_export(note)
             if held is not None:
                 os.close(held)  # (releases the lock)
         return final, desc, left_out

@@ -23,6 +23,16 @@ from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, kee
 NOISE = ("server.log",)
 
 
+def note_of(store, package):
+    """The note a store keeps of an export building package (as if one were)."""
+    notes = os.path.join(store, "exporting")
+    os.makedirs(notes, exist_ok=True)
+    note = os.path.join(notes, os.path.basename(package) + ".json")
+    with open(note, "w") as fh:
+        json.dump({"tmp": package}, fh)
+    return note
+
+
 def entry_paths(entries):
     """Paths out of a list of plain strings or {path: ...} objects."""
     return {e if isinstance(e, str) else e.get("path") for e in entries}
@@ -614,21 +624,34 @@ class CraftedPackageTest(HandoffBase):
         steps = os.path.join(self.target, ".checkpoints", "tasks", task_id, "steps")
         before = sorted(os.listdir(steps))
         write(self.target, "more.txt", "more\n")
+        drifts = os.path.join(self.target, ".checkpoints", "tasks", task_id, "drifts")
+        drifts_before = sorted(os.listdir(drifts))
         res = self.dst.call("tc_save", root=self.target, title="one more")
         self.assertTrue(res.is_error, res)
         self.assertIn("highest number", res.text)
         self.assertEqual(sorted(os.listdir(steps)), before)
+        self.assertEqual(sorted(os.listdir(drifts)), drifts_before)
         self.assertTrue(self.dst.ok("tc_resume", root=self.target)["health"]["ok"])
-        # It can still be closed: that needs no new step, once the workspace
-        # holds the step's files again.
-        for rel in set(workspace_state(self.target)) - {f["path"] for f in data["files"]}:
-            os.remove(os.path.join(self.target, rel))
-        head = data["step"]
-        closed = self.dst.ok("tc_save", root=self.target, title=head["title"],
-                             conclusion=head.get("conclusion", ""), next=head.get("next", ""),
-                             verified=head.get("verified", []), close=True)
-        self.assertEqual((closed["idempotent"], closed["status"]), (True, "closed"))
+        # It can still be closed, with any title: no new step, and what
+        # changed goes into a drift record.
+        closed = self.dst.ok("tc_save", root=self.target, title="the end", close=True)
+        self.assertEqual((closed["status"], closed["index"]), ("closed", 1))
         self.assertEqual(sorted(os.listdir(steps)), before)
+        resumed = self.dst.ok("tc_resume", root=self.target)
+        self.assertEqual((resumed["status"], resumed["drift_paths"]), ("closed", []))
+        self.assertTrue(resumed["health"]["ok"], resumed["health"])
+
+    def test_a_save_refused_at_the_highest_step_number_switches_no_task(self):
+        package = self.copy_package()
+        data = load_description(package)
+        data["task"]["last_step"] = 999_999_999
+        save_description(package, data)
+        full = self.dst.ok("tc_import", root=self.target, package=package)["task_id"]
+        other = self.dst.ok("tc_init", root=self.target, name="other")["task_id"]
+        res = self.dst.call("tc_save", root=self.target, title="into the full one", task_id=full)
+        self.assertTrue(res.is_error, res)
+        resumed = self.dst.ok("tc_resume", root=self.target)
+        self.assertEqual((resumed["task_id"], resumed["status"]), (other, "open"))
 
     def history_package(self):
         dst = os.path.join(self.crafts, "hist", os.path.basename(self.history_source))
@@ -781,8 +804,7 @@ class InterruptedTest(HandoffBase):
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             # This store's note names it too, as a copy of the other's would.
-            with open(os.path.join(self.store, "exporting"), "w") as fh:
-                json.dump({"tmp": live}, fh)
+            note_of(self.store, live)
             srv.ok("tc_resume", root=self.root)
             package = srv.ok("tc_export", root=self.root, to=out)["path"]
             self.assertTrue(os.path.isdir(os.path.join(live, "files")), "a live export was removed")
@@ -791,11 +813,10 @@ class InterruptedTest(HandoffBase):
         finally:
             os.close(holder)
         # Once nobody builds it, the next lock of the store removes it.
-        with open(os.path.join(self.store, "exporting"), "w") as fh:
-            json.dump({"tmp": live}, fh)
+        note = note_of(self.store, live)
         srv.ok("tc_resume", root=self.root)
         self.assertEqual(os.listdir(out), [os.path.basename(package)])
-        self.assertFalse(os.path.exists(os.path.join(self.store, "exporting")))
+        self.assertFalse(os.path.exists(note))
 
     def check_after_restart(self, target, package, task_id, before, complete, why):
         """After a restart the first call sees a complete import or none; a retry works."""
