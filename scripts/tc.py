@@ -6244,7 +6244,7 @@ class Checkpoints:
         text += ("Unset TC_STORE (or set it to that store)" if by_env
                  else "Leave out store") + " to add the new task there"
         pointer = os.path.join(root, POINTER_NAME)
-        if not os.path.isfile(pointer):  # its own folder (or a link there) is the store
+        if not os.path.isfile(pointer) or os.path.islink(pointer):  # (as own_store_dir)
             return text + (", or first move %r aside if its tasks are no longer wanted"
                            % os.path.join(root, STORE_DIRNAME))
         return text + (", or first delete %r if they are no longer wanted here (it points "
@@ -6370,9 +6370,15 @@ class Checkpoints:
         with ws.store.lock:
             self._follow_active(ws)
             self._need_writable(ws)
-            if ws.records.read_state()["status"] == "closed":
+            current = ws.records.read_state()
+            if current["status"] == "closed":
                 raise TaskClosed("task %r is closed; it stays readable, start a new one with "
                                  "tc_init" % ws.task_id)
+            if current["last_step"] >= MAX_STEP and not close:
+                raise Conflict("task %r has reached step %d, the highest number a step can "
+                               "have; a tc_save with close: true closes it (what changed "
+                               "goes into a drift record), and it stays readable; start a "
+                               "new task with tc_init" % (ws.task_id, MAX_STEP))
             # The snapshot comes first: it is the last point where a cancel
             # stops the save, and nothing may be written before it.
             old_index = ws.records.read_index()
@@ -6464,11 +6470,11 @@ class Checkpoints:
         if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
                            snap):
             index, idempotent, new_step = head["index"], True, None
+        elif state["last_step"] >= MAX_STEP:
+            # Only a close gets here (save refuses the rest): no new step, and
+            # what changed is in the drift record.
+            index, idempotent, new_step = state["head"], False, None
         else:
-            if state["last_step"] >= MAX_STEP:  # (the caller drops what was written)
-                raise Conflict("task %r has reached step %d, the highest number a step can "
-                               "have; it can still be closed and stays readable, start a new "
-                               "one with tc_init" % (ws.task_id, MAX_STEP))
             index, idempotent = state["last_step"] + 1, False
             new_step = make_step(index=index, title=title, description=description,
                                  conclusion=conclusion, next_step=next_step, verified=verified,

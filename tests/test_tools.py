@@ -411,6 +411,14 @@ class InitSwitchTest(ToolsTest):
         self.assertIn(mine, res.text)
         self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
         self.assertNotIn(".task-checkpoint-store.json", res.text)
+        # A pointer file that is a link is not read, so it is no way out either.
+        target = os.path.join(self.tmp, "pointer-elsewhere.json")
+        with open(target, "w") as fh:
+            json.dump({"store": os.path.join(self.tmp, "ext")}, fh)
+        os.symlink(target, pointer)
+        res = self.refused("tc_init", root=self.root, name="next",
+                           store=os.path.join(self.tmp, "ext"))
+        self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
 
     def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
         ext = os.path.join(self.tmp, "ext-store")
