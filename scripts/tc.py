@@ -6093,7 +6093,13 @@ class Checkpoints:
             except ChangedWhileRead:
                 if not tries_left:
                     raise
-            time.sleep(0.05 * (READ_TRIES - tries_left))  # a writer mid-save may finish
+            # A writer caught mid-save may finish meanwhile; a cancel ends the wait.
+            event = cancel_event()
+            pause = 0.05 * (READ_TRIES - tries_left)
+            if event is None:
+                time.sleep(pause)
+            elif event.wait(pause):
+                raise Cancelled(CANCELLED_TEXT)
 
     def _read_file_once(self, ws, rel, info, store_content, created):
         full = os.path.join(ws.root, *rel.split("/"))
