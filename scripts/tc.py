@@ -5414,6 +5414,23 @@ def tasks_kept_for(store_dir, root):
 DEAD_EXPORT_NAME = re.compile(r"\A\.[^/\\]+-handoff\.tmp-[0-9a-f]+\Z")
 
 
+def _export_note_target(note):
+    """The package folder an export note names, or None when the note is not
+    a small regular file holding one (a link, a FIFO, a folder, garbage)."""
+    try:
+        fh, st = open_regular(note)
+        with fh:
+            if st.st_size > 64 << 10:
+                return None
+            tmp = json.loads(fh.read_all(st.st_size).decode("utf-8")).get("tmp")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if (isinstance(tmp, str) and "\x00" not in tmp and os.path.isabs(tmp)
+            and DEAD_EXPORT_NAME.match(os.path.basename(tmp))):
+        return tmp
+    return None
+
+
 class Store:
     """One store directory: lock, payloads, per-task records, the active pointer."""
 
@@ -5560,7 +5577,10 @@ class Store:
         note, or None: a store that cannot be written still exports."""
         note = os.path.join(self.exports_path, os.path.basename(tmp) + ".json")
         try:
-            os.makedirs(self.exports_path, exist_ok=True)
+            if not os.path.isdir(self.exports_path) or os.path.islink(self.exports_path):
+                if os.path.lexists(self.exports_path):  # not ours as it should be
+                    remove_file(self.exports_path)
+                os.makedirs(self.exports_path, exist_ok=True)
             with open(note, "w", encoding="utf-8") as fh:
                 fh.write(json.dumps({"tmp": tmp}))
         except OSError:
@@ -5576,20 +5596,20 @@ class Store:
                 pass
 
     def _clear_dead_exports(self):
+        if os.path.islink(self.exports_path):
+            return  # not the store's own folder: nothing in it is read (begin_export replaces it)
         try:
             names = os.listdir(self.exports_path)
         except OSError:
             return
         for name in names:
             note = os.path.join(self.exports_path, name)
-            try:
-                with open(note, encoding="utf-8") as fh:
-                    tmp = json.loads(fh.read()).get("tmp")
-            except (OSError, ValueError, AttributeError):
-                tmp = None
-            if not (isinstance(tmp, str) and os.path.isabs(tmp)
-                    and DEAD_EXPORT_NAME.match(os.path.basename(tmp))):
-                self.end_export(note)
+            tmp = _export_note_target(note)
+            if tmp is None or name != os.path.basename(tmp) + ".json":
+                try:  # not a note this code wrote: it names nothing to remove
+                    remove_file(note)
+                except OSError:
+                    pass
                 continue
             abandoned = folder_abandoned(tmp)
             if abandoned is None:
