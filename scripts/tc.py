@@ -6284,8 +6284,8 @@ class Checkpoints:
         try:
             if external:
                 wanted = {"store": store.directory}
-                try:
-                    if read_json(pointer) == wanted:
+                try:  # a link is never read as the pointer (own_store_dir): replaced
+                    if not os.path.islink(pointer) and read_json(pointer) == wanted:
                         return
                 except (OSError, StoreCorrupt):
                     pass
