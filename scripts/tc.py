@@ -6481,10 +6481,15 @@ class Checkpoints:
         old_entries = ws.records.index_entries(old_index)
         drift_id = None
         later = []  # records made durable together with the payloads, before the state
+        # Only a close gets this far at the highest step number (see save): it
+        # makes no step, so what changed always goes into a drift record.
+        at_limit = state["last_step"] >= MAX_STEP
         if snap.entries != old_entries or not state.get("index_manifest"):
-            if state.get("index_manifest"):
+            if state.get("index_manifest") or at_limit:
+                reason = ("closed at the highest step number, as %r" % title[:200]
+                          if at_limit else None)
                 drift_id = self._record_drift(ws, state, snap.entries, old_entries,
-                                              kind="save", later=later,
+                                              kind="save", later=later, reason=reason,
                                               unseen=snap.unseen)["id"]
             else:
                 self._record_manifest(ws, state, snap.entries, later)
@@ -6496,10 +6501,9 @@ class Checkpoints:
         if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
                            snap):
             index, idempotent, new_step = head["index"], True, None
-        elif state["last_step"] >= MAX_STEP:
-            # Only a close gets here (save refuses the rest): no new step, and
-            # what changed is in the drift record.
+        elif at_limit:
             index, idempotent, new_step = state["head"], False, None
+            result["title"] = head["title"] if head else title  # the step that stays the head
         else:
             index, idempotent = state["last_step"] + 1, False
             new_step = make_step(index=index, title=title, description=description,

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -635,8 +636,18 @@ class CraftedPackageTest(HandoffBase):
         # It can still be closed, with any title: no new step, and what
         # changed goes into a drift record.
         closed = self.dst.ok("tc_save", root=self.target, title="the end", close=True)
-        self.assertEqual((closed["status"], closed["index"]), ("closed", 1))
+        self.assertEqual((closed["status"], closed["index"], closed["title"]),
+                         ("closed", 1, data["step"]["title"]))
         self.assertEqual(sorted(os.listdir(steps)), before)
+        shown = self.dst.ok("tc_show", root=self.target, include_drift=True)["drifts"]
+        kept = [d for d in shown if d.get("kind") == "save"]
+        self.assertEqual(len(kept), 1, shown)
+        drift = os.path.join(self.target, ".checkpoints", "tasks", task_id, "drifts",
+                             kept[0]["id"] + ".json")
+        with open(drift, encoding="utf-8") as fh:
+            self.assertIn("the end", json.load(fh)["reason"])
+        self.dst.ok("tc_restore", root=self.target, drift_id=kept[0]["id"])  # restorable
+        self.assertIn("more.txt", json.dumps(kept[0]))
         resumed = self.dst.ok("tc_resume", root=self.target)
         self.assertEqual((resumed["status"], resumed["drift_paths"]), ("closed", []))
         self.assertTrue(resumed["health"]["ok"], resumed["health"])
@@ -817,6 +828,36 @@ class InterruptedTest(HandoffBase):
         srv.ok("tc_resume", root=self.root)
         self.assertEqual(os.listdir(out), [os.path.basename(package)])
         self.assertFalse(os.path.exists(note))
+
+    @unittest.skipIf(os.name == "nt", "FIFOs are POSIX")
+    def test_notes_that_are_not_an_exports_never_block_the_store(self):
+        srv = self.server()
+        self.big_source(srv)
+        out = self.other_dir("tc-out-")
+        victim = os.path.join(out, "keep.json")
+        write(out, "keep.json", "{}")
+        notes = os.path.join(self.store, "exporting")
+        os.makedirs(notes)
+        os.mkfifo(os.path.join(notes, ".x-handoff.tmp-00.json"))
+        write(notes, ".y-handoff.tmp-01.json", "[" * 100000 + "]" * 100000)
+        write(notes, ".z-handoff.tmp-02.json", json.dumps({"tmp": out + "/.z-handoff.tmp-02\x00"}))
+        os.symlink(victim, os.path.join(notes, ".w-handoff.tmp-03.json"))
+        answered = []
+        caller = threading.Thread(target=lambda: answered.append(
+            srv.call("tc_resume", root=self.root)), daemon=True)
+        caller.start()
+        caller.join(20)
+        if caller.is_alive():
+            srv.kill()
+            self.fail("a note that is a FIFO blocked the store")
+        self.assertFalse(answered[0].is_error, answered[0].text)
+        self.assertTrue(os.path.isfile(victim), "a linked note's target was touched")
+        self.assertEqual(os.listdir(notes), [])
+        # A store whose note folder is a file gets its folder back at an export.
+        os.rmdir(notes)
+        write(self.store, "exporting", "not a folder")
+        srv.ok("tc_export", root=self.root, to=out)
+        self.assertTrue(os.path.isdir(notes))
 
     def check_after_restart(self, target, package, task_id, before, complete, why):
         """After a restart the first call sees a complete import or none; a retry works."""

@@ -408,7 +408,7 @@ class ChangingWhileReadTest(WorkspaceTest):
     rest of the next."""
 
     server_env = {"TC_WATCH": "off"}
-    SIZE = 8 << 20
+    SIZE = 4 << 20
 
     def test_a_step_never_holds_a_mix_of_two_versions(self):
         path = os.path.join(self.root, "big.bin")
@@ -434,7 +434,7 @@ class ChangingWhileReadTest(WorkspaceTest):
         writer.start()
         try:
             steps = [srv.ok("tc_save", root=self.root, title="save %d" % number)["index"]
-                     for number in range(12)]
+                     for number in range(8)]
         finally:
             stop.set()
             writer.join()

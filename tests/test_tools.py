@@ -419,6 +419,16 @@ class InitSwitchTest(ToolsTest):
         res = self.refused("tc_init", root=self.root, name="next",
                            store=os.path.join(self.tmp, "ext"))
         self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
+        # Doing so, the new task goes to the store asked for, and stays found:
+        # the link is replaced by a pointer file.
+        os.rename(os.path.join(self.root, ".checkpoints"), os.path.join(self.tmp, "aside"))
+        after = self.init(name="next", store=os.path.join(self.tmp, "ext"))["task_id"]
+        self.assertFalse(os.path.islink(pointer))
+        self.assertEqual(self.ok("tc_resume", root=self.root)["task_id"], after)
+        fresh = Server()
+        self.addCleanup(fresh.close)
+        fresh.initialize()
+        self.assertEqual(fresh.ok("tc_resume", root=self.root)["task_id"], after)
 
     def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
         ext = os.path.join(self.tmp, "ext-store")
