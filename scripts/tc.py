@@ -910,7 +910,7 @@ def folder_abandoned(path, *, unknown_after=86400):
     seconds, else None."""
     try:
         st = os.lstat(path)
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: a path no file can have)
         return False
     if not stat_mod.S_ISDIR(st.st_mode):
         return False
@@ -5425,10 +5425,14 @@ def _export_note_target(note):
             tmp = json.loads(fh.read_all(st.st_size).decode("utf-8")).get("tmp")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
-    if (isinstance(tmp, str) and "\x00" not in tmp and os.path.isabs(tmp)
+    if not (isinstance(tmp, str) and "\x00" not in tmp and os.path.isabs(tmp)
             and DEAD_EXPORT_NAME.match(os.path.basename(tmp))):
-        return tmp
-    return None
+        return None
+    try:
+        os.fsencode(tmp)  # (a lone surrogate names no file)
+    except UnicodeError:
+        return None
+    return tmp
 
 
 class Store:
@@ -5611,13 +5615,16 @@ class Store:
                 except OSError:
                     pass
                 continue
-            abandoned = folder_abandoned(tmp)
-            if abandoned is None:
-                continue  # cannot be told yet: the note stays for a later lock
-            if abandoned:
-                remove_tree(tmp)
-                self.log("removed %r, the unfinished package of an export that was stopped"
-                         % tmp)
+            try:
+                abandoned = folder_abandoned(tmp)
+                if abandoned is None:
+                    continue  # cannot be told yet: the note stays for a later lock
+                if abandoned:
+                    remove_tree(tmp)
+                    self.log("removed %r, the unfinished package of an export that was "
+                             "stopped" % tmp)
+            except Exception as exc:  # never a reason for the lock to fail
+                self.log("the export note %r was dropped: %s" % (note, exc))
             self.end_export(note)
 
     def recover(self):

@@ -841,6 +841,8 @@ class InterruptedTest(HandoffBase):
         os.mkfifo(os.path.join(notes, ".x-handoff.tmp-00.json"))
         write(notes, ".y-handoff.tmp-01.json", "[" * 100000 + "]" * 100000)
         write(notes, ".z-handoff.tmp-02.json", json.dumps({"tmp": out + "/.z-handoff.tmp-02\x00"}))
+        write(notes, ".v-handoff.tmp-04.json",
+              json.dumps({"tmp": out + "/x\ud800y/.v-handoff.tmp-04"}))  # (no file has it)
         os.symlink(victim, os.path.join(notes, ".w-handoff.tmp-03.json"))
         answered = []
         caller = threading.Thread(target=lambda: answered.append(
