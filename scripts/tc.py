@@ -665,6 +665,18 @@ def put_back_file(path, before, log):
         log("could not put %r back as it was: %s" % (path, describe_os_error(exc)))
 
 
+def put_back_link(path, target, log):
+    """Best effort: path back to a symlink to target, when it is not one."""
+    try:
+        if os.path.islink(path) and os.readlink(path) == target:
+            return
+        if os.path.lexists(path):
+            remove_file(path)
+        os.symlink(target, path)
+    except OSError as exc:
+        log("could not put the link %r back as it was: %s" % (path, describe_os_error(exc)))
+
+
 def disk_bytes(path):
     """The space path takes on its disk (its blocks; its size where the
     system does not count blocks); 0 when it cannot be read."""
@@ -6229,12 +6241,16 @@ class Checkpoints:
             # pointer, an unwritable current.json) undoes all of it.
             previous = st.read_current().get(root)
             pointer = os.path.join(root, POINTER_NAME)
-            pointer_before = read_file_or_none(pointer)
+            pointer_link = os.readlink(pointer) if os.path.islink(pointer) else None
+            pointer_before = None if pointer_link else read_file_or_none(pointer)
             try:
                 self._point_at_store(root, st, external)
                 prev_suspended = self._make_active(st, root, task_id, previous)
             except BaseException:
-                put_back_file(pointer, pointer_before, st.log)
+                if pointer_link is None:
+                    put_back_file(pointer, pointer_before, st.log)
+                else:
+                    put_back_link(pointer, pointer_link, st.log)
                 remove_tree(ws.records.directory)
                 ws.store.payloads.discard(created)
                 raise
