@@ -6292,12 +6292,18 @@ class Checkpoints:
                                            "them" if several else "it"))
         text += ("Unset TC_STORE (or set it to that store)" if by_env
                  else "Leave out store") + " to add the new task there"
+        # The ways out, all at once: the pointer file (read as own_store_dir
+        # reads it), then the workspace's own .checkpoints when it holds this
+        # workspace's tasks too (the store itself, or behind a link).
         pointer = os.path.join(root, POINTER_NAME)
-        if not os.path.isfile(pointer) or os.path.islink(pointer):  # (as own_store_dir)
-            return text + (", or first move %r aside if its tasks are no longer wanted"
-                           % os.path.join(root, STORE_DIRNAME))
-        return text + (", or first delete %r if they are no longer wanted here (it points "
-                       "the workspace at that store, which keeps them)" % pointer)
+        default = os.path.join(root, STORE_DIRNAME)
+        ways = []
+        if os.path.isfile(pointer) and not os.path.islink(pointer):
+            ways.append("delete %r (it points the workspace at that store, which keeps "
+                        "them)" % pointer)
+        if not ways or (os.path.lexists(default) and tasks_kept_for(default, root)[0]):
+            ways.append("move %r aside" % default)
+        return text + ", or first %s if they are no longer wanted here" % " and ".join(ways)
 
     def _point_at_store(self, root, store, external):
         """Leave the pointer file an external store needs in the workspace (or

@@ -404,8 +404,13 @@ class InitSwitchTest(ToolsTest):
         os.symlink(elsewhere, os.path.join(self.root, ".checkpoints"))
         mine = self.init(name="mine")["task_id"]
         pointer = os.path.join(self.root, ".task-checkpoint-store.json")
-        if os.path.exists(pointer):
-            os.remove(pointer)  # the link alone leads to the same store
+        self.assertTrue(os.path.isfile(pointer))  # the store lies outside, behind the link
+        # Both the pointer and the link lead to the store: both ways out are named.
+        res = self.refused("tc_init", root=self.root, name="next",
+                           store=os.path.join(self.tmp, "ext"))
+        self.assertIn("delete %r" % pointer, res.text)
+        self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
+        os.remove(pointer)  # the link alone leads to the same store
         res = self.refused("tc_init", root=self.root, name="next",
                            store=os.path.join(self.tmp, "ext"))
         self.assertIn(mine, res.text)
