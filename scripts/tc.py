@@ -665,6 +665,14 @@ def put_back_file(path, before, log):
         log("could not put %r back as it was: %s" % (path, describe_os_error(exc)))
 
 
+def readlink_or_none(path):
+    """Where the symlink path leads; None when path is no symlink."""
+    try:
+        return os.readlink(path)
+    except (OSError, ValueError):
+        return None
+
+
 def put_back_link(path, target, log):
     """Best effort: path back to a symlink to target, when it is not one."""
     try:
@@ -6241,7 +6249,7 @@ class Checkpoints:
             # pointer, an unwritable current.json) undoes all of it.
             previous = st.read_current().get(root)
             pointer = os.path.join(root, POINTER_NAME)
-            pointer_link = os.readlink(pointer) if os.path.islink(pointer) else None
+            pointer_link = readlink_or_none(pointer)
             pointer_before = None if pointer_link else read_file_or_none(pointer)
             try:
                 self._point_at_store(root, st, external)
