@@ -1,8 +1,8 @@
 """Shared test helpers: a real server over stdio, real workspaces, real git.
 
-Every black-box test drives `scripts/tc_mcp.py` as a subprocess, exactly the
-way an MCP client does: one JSON-RPC message per line on stdin, one response
-line per request on stdout.
+Every black-box test drives the server in `scripts/tc_mcp.py` as a
+subprocess, exactly the way an MCP client does: one JSON-RPC message per line
+on stdin, one response line per request on stdout.
 """
 
 import hashlib
@@ -26,6 +26,12 @@ SCRIPTS = os.path.join(REPO, "scripts")
 # cost the suite would otherwise pay for each of its hundreds of servers.
 # (tests/test_packaging.py and tests/test_npm.py start it the ways users do.)
 SERVER_COMMAND = (sys.executable, "-S", SERVER)
+# What Server starts unless told otherwise: the same module run with -m, as
+# `python -m tc_mcp` and the installed entry points run it. Its compiled code
+# is then cached, while a script is compiled anew at every start (about 20 ms
+# for tc_mcp.py, paid by each of the suite's servers). Tests that start
+# SERVER_COMMAND, and the packaging tests, run the script itself.
+MODULE_COMMAND = (sys.executable, "-S", "-m", "tc_mcp")
 
 
 def suite_temp_root():
@@ -162,8 +168,12 @@ class Server:
 
     def __init__(self, env=None, cwd=None, args=(), command=None):
         self.env = clean_env(env)
+        if command is None:
+            command = MODULE_COMMAND
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, (self.env.get("PYTHONPATH"), SCRIPTS)))
         self.proc = subprocess.Popen(
-            list(command or SERVER_COMMAND) + list(args),
+            list(command) + list(args),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=self.env, cwd=cwd or tempfile.gettempdir())
         self._id = 0
