@@ -616,12 +616,17 @@ class CraftedPackageTest(HandoffBase):
         res = self.dst.call("tc_import", root=self.target, package=package)
         self.assertIn("(got True)", res.text)
 
-    def test_a_task_at_the_highest_step_number_refuses_the_next_save(self):
+    def import_at_the_highest_step_number(self):
+        """(task id, package description) of an imported task whose sender
+        numbered steps up to the highest number a step can have."""
         package = self.copy_package()
         data = load_description(package)
         data["task"]["last_step"] = 999_999_999
         save_description(package, data)
-        task_id = self.dst.ok("tc_import", root=self.target, package=package)["task_id"]
+        return self.dst.ok("tc_import", root=self.target, package=package)["task_id"], data
+
+    def test_a_task_at_the_highest_step_number_refuses_the_next_save(self):
+        task_id, data = self.import_at_the_highest_step_number()
         steps = os.path.join(self.target, ".checkpoints", "tasks", task_id, "steps")
         before = sorted(os.listdir(steps))
         write(self.target, "more.txt", "more\n")
@@ -653,11 +658,7 @@ class CraftedPackageTest(HandoffBase):
         self.assertTrue(resumed["health"]["ok"], resumed["health"])
 
     def test_a_save_refused_at_the_highest_step_number_switches_no_task(self):
-        package = self.copy_package()
-        data = load_description(package)
-        data["task"]["last_step"] = 999_999_999
-        save_description(package, data)
-        full = self.dst.ok("tc_import", root=self.target, package=package)["task_id"]
+        full = self.import_at_the_highest_step_number()[0]
         other = self.dst.ok("tc_init", root=self.target, name="other")["task_id"]
         res = self.dst.call("tc_save", root=self.target, title="into the full one", task_id=full)
         self.assertTrue(res.is_error, res)
