@@ -867,9 +867,19 @@ def id_key(value):
 CANCEL_METHOD = "notifications/cancelled"
 
 
+def may_name(raw, literal, word):
+    """Whether a line can hold the JSON string literal (bytes, with its
+    quotes or not): spelt as it is, or with escapes (a JSON encoder may
+    write "/" as "\\/", any character as "\\uXXXX"). A cheap test that rules
+    most lines out before any parse; word is a run of the literal without "/"."""
+    if literal in raw:
+        return True
+    return b"\\" in raw and (word in raw or b"\\u" in raw)
+
+
 def cancelled_request(raw):
     """The id key of the request a notifications/cancelled line names, or None."""
-    if len(raw) > CANCEL_LINE_LIMIT or CANCEL_METHOD.encode() not in raw:
+    if len(raw) > CANCEL_LINE_LIMIT or not may_name(raw, CANCEL_METHOD.encode(), b"cancelled"):
         return None
     try:
         message = load_message(raw)
@@ -1314,7 +1324,7 @@ class PromptReplies:
 
 def ping_request(raw):
     """The message of a line that is a ping request, else None."""
-    if len(raw) > CANCEL_LINE_LIMIT or b'"ping"' not in raw:
+    if len(raw) > CANCEL_LINE_LIMIT or not may_name(raw, b'"ping"', b"ping"):
         return None
     try:
         message = load_message(raw)

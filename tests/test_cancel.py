@@ -103,6 +103,21 @@ class CancelOverStdioTest(WorkspaceTest):
         self.assertIn("'tc_save' (id 100) was cancelled; it stopped", self.log())
         self.assertEqual(self.srv.ok("tc_save", root=self.root, title="two")["index"], 2)
 
+    def test_a_cancel_spelt_with_json_escapes_stops_the_call(self):
+        # The same JSON strings as "notifications/cancelled" and "ping", as
+        # some encoders write them ("\\/" is PHP's default).
+        fd = self.hold_store_lock()
+        self.srv.send_raw(tool_line(110, "tc_save", root=self.root, title="two").encode())
+        self.wait_until_waiting_for_the_lock()
+        self.srv.send_raw(b'{"jsonrpc":"2.0","id":111,"method":"p\\u0069ng"}\n')
+        self.assertEqual(self.srv.read_line(), {"jsonrpc": "2.0", "id": 111, "result": {}})
+        self.srv.send_raw(b'{"jsonrpc":"2.0","method":"notifications\\/cancelled",'
+                          b'"params":{"requestId":110}}\n' + request_line(112, "ping").encode())
+        self.assertEqual(self.srv.read_line(), {"jsonrpc": "2.0", "id": 112, "result": {}})
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self.assertEqual(self.titles(), ["one"])
+        self.assertIn("'tc_save' (id 110) was cancelled; it stopped", self.log())
+
     def test_a_ping_is_answered_while_a_call_runs(self):
         fd = self.hold_store_lock()
         self.srv.send_raw(tool_line(500, "tc_save", root=self.root, title="two").encode())
