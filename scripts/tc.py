@@ -2964,6 +2964,19 @@ class TaskRecords:
             raise
         fsync_dir(os.path.dirname(self.state_path), strict=True)
 
+    def check_step_number(self, index, last_step):
+        """NotFound, before any file is named after it, for a step number
+        the task has never given out (a number is shown whole only while
+        it is one a step can have)."""
+        if not last_step:
+            raise NotFound("task %r has no steps yet: tc_save records the first one"
+                           % self.task_id)
+        if not 1 <= index <= last_step:
+            shown = ("%d" % index if -MAX_STEP <= index <= MAX_STEP
+                     else "numbered beyond %d" % MAX_STEP)
+            raise NotFound("task %r has no step %s (steps are 1..%d)"
+                           % (self.task_id, shown, last_step))
+
     def read_step(self, index):
         path = self.step_path(index)
         try:
@@ -6609,6 +6622,7 @@ class Checkpoints:
             self._follow_active(ws)
             state = ws.records.read_state()
             if index is not None:
+                ws.records.check_step_number(index, state["last_step"])
                 step = ws.records.read_step(index)
                 files = ws.records.manifests.load(step["manifest"])
                 paths = sorted(files)[cursor:cursor + limit]
@@ -6978,12 +6992,7 @@ class Checkpoints:
 
     def _restore_target(self, ws, state, index, drift_id):
         if index is not None:
-            if not state["last_step"]:
-                raise NotFound("task %r has no steps yet: tc_save records the first one"
-                               % ws.task_id)
-            if index < 1 or index > state["last_step"]:
-                raise NotFound("task %r has no step %d (steps are 1..%d)"
-                               % (ws.task_id, index, state["last_step"]))
+            ws.records.check_step_number(index, state["last_step"])
             step = ws.records.read_step(index)
             return step["manifest"], index, unseen_skips(step)
         drift = ws.records.read_drift(drift_id)

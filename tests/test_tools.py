@@ -757,6 +757,22 @@ class ShowTest(ToolsTest):
         with_drift = self.ok("tc_show", root=self.root, include_drift=True)
         self.assertIn(restored["recovered"], drift_ids(with_drift["drifts"]))
 
+    def test_step_numbers_never_given_out_are_refused_before_any_file_is_named(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        self.save("one")
+        huge = 10 ** 300  # a file name of 300 digits is too long for any file system
+        for tool, extra in (("tc_show", {}), ("tc_restore", {"apply": False})):
+            for index, shown in ((7, "has no step 7 (steps are 1..1)"),
+                                 (huge, "has no step numbered beyond 999999999")):
+                res = self.refused(tool, root=self.root, index=index, **extra)
+                self.assertIn(shown, res.text)
+                self.assertLess(len(res.text), 200, res.text)
+        log = os.path.join(self.store, "server.log")
+        if os.path.exists(log):  # nothing unexpected happened, so nothing may be logged
+            with open(log, encoding="utf-8") as fh:
+                self.assertNotIn("Traceback", fh.read())
+
     def test_show_on_an_unknown_task(self):
         self.init()
         self.refused("tc_show", root=self.root, task_id="missing-000000")
