@@ -1651,6 +1651,56 @@ DIR_FD_CALLS = all(call in getattr(os, "supports_dir_fd", ()) for call in
                    (os.mkdir, os.rmdir, os.unlink, os.rename))
 
 
+class ChangedMeanwhile(OSError):
+    """A workspace file is no longer as the plan of the operation about to
+    write or remove it saw it: something else wrote it since."""
+
+    def __init__(self, path):
+        super().__init__(errno.EAGAIN, "changed while the operation ran", path)
+
+
+ANY_STATE = object()  # open_over's and remove_within's expect: no check
+
+
+def matches_row(st, row):
+    """Whether st (a stat of a file) shows the file a scan recorded as the
+    index row `row`: the same size and mtime and, where the stat cache
+    relies on them, the same inode and ctime (unless the row's ctime is
+    None: see expected_row)."""
+    if st.st_size != row[0] or st.st_mtime_ns != row[1]:
+        return False
+    return not STAT_CACHE_SUPPORTED or (st.st_ino == row[3]
+                                        and (row[2] is None or st.st_ctime_ns == row[2]))
+
+
+def expected_row(row, relinked):
+    """The row a file must still match before an operation writes it.
+    relinked: (device, inode) of files whose other names the operation
+    itself removed or replaced; that moves their ctime, so theirs is not
+    compared (its size, mtime and inode still are)."""
+    if row is not None and (row[4], row[3]) in relinked:
+        return row[:2] + [None] + row[3:]
+    return row
+
+
+def lstat_or_none(path):
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def check_expected(st, expect, path):
+    """ChangedMeanwhile unless the file at path, whose stat is st (None: no
+    file), is as expect says: an index row, None for "no file", or
+    ANY_STATE."""
+    if expect is ANY_STATE:
+        return
+    if (st is None) != (expect is None) or (st is not None and (
+            not stat_mod.S_ISREG(st.st_mode) or not matches_row(st, expect))):
+        raise ChangedMeanwhile(path)
+
+
 def at_parent_within(path, guard, refusal, call):
     """call(name, dir_fd) on path's last component, through a descriptor of
     its folder taken once that folder is known to be the workspace (guard)
@@ -1684,12 +1734,22 @@ def at_parent_within(path, guard, refusal, call):
         os.close(dfd)
 
 
-def remove_within(path, guard):
-    """remove_file for a workspace file, through its checked folder."""
+def remove_within(path, guard, *, expect=ANY_STATE):
+    """remove_file for a workspace file, through its checked folder.
+    expect: the index row the file must still match (ChangedMeanwhile, and
+    the file stays, when it does not)."""
     if guard is None:
+        if expect is not ANY_STATE:
+            check_expected(lstat_or_none(path), expect, path)
         return remove_file(path)
 
     def unlink(name, dfd):
+        if expect is not ANY_STATE:
+            try:
+                st = os.lstat(name, dir_fd=dfd) if dfd is not None else os.lstat(name)
+            except FileNotFoundError:
+                st = None
+            check_expected(st, expect, path)
         if dfd is None:
             writable_to_remove(name)
         try:
@@ -1994,7 +2054,7 @@ def check_package_file(src, sha):
                               "(tampered or damaged)" % src)
 
 
-def open_over(dest, mode, *, within=None, exists=None):
+def open_over(dest, mode, *, within=None, exists=None, expect=ANY_STATE):
     """(file, its stat before writing) of dest opened for writing over in place.
 
     A missing dest is created with the permission bits mode (less any the
@@ -2003,7 +2063,9 @@ def open_over(dest, mode, *, within=None, exists=None):
     ends with end_over(). within: the guard of the workspace dest must be
     in (see check_written_within); a file this call created outside it is
     removed again. exists: whether dest is expected to exist (the order in
-    which to try opening it).
+    which to try opening it). expect: the index row dest must still match
+    when it is opened, or None when it must not exist yet (then it is
+    created); otherwise ChangedMeanwhile, with nothing written.
     """
     fh, created = None, False
     if within is not None:  # knowing whether this call made the file
@@ -2026,6 +2088,13 @@ def open_over(dest, mode, *, within=None, exists=None):
                     remove_file(dest)
                 raise
         before = os.fstat(fh.fileno())
+        if expect is not ANY_STATE:
+            try:
+                check_expected(None if created else before, expect, dest)
+            except ChangedMeanwhile:
+                if created:
+                    remove_file(dest)
+                raise
         wider = stat_mod.S_IMODE(before.st_mode) & ~mode & 0o7777
         if wider and hasattr(os, "fchmod"):
             # An existing file more open than the content going in (a 0600
@@ -2485,16 +2554,16 @@ class PayloadStore:
             remove_file(dest)
             raise StoreCorrupt("stored content %s is damaged (hash mismatch)" % sha[:12])
 
-    def write_over(self, sha, dest, mode, *, within=None, exists=None):
+    def write_over(self, sha, dest, mode, *, within=None, exists=None, expect=ANY_STATE):
         """Write the payload into dest in place (created or truncated) and verify it.
 
         No staging copy: callers journal dest first, so a failure or a crash
-        midway is undone by the journal's rollback.
+        midway is undone by the journal's rollback. expect: see open_over.
         """
         src = self._open_payload(sha)
         digest = hashlib.sha256()
         with src:
-            out, before = open_over(dest, mode, within=within, exists=exists)
+            out, before = open_over(dest, mode, within=within, exists=exists, expect=expect)
             with out:
                 for block in src.blocks():
                     digest.update(block)
@@ -2530,14 +2599,14 @@ class PayloadStore:
         self._count(out.written)
         return target
 
-    def place_stored(self, sha, dest, mode, *, within=None):
+    def place_stored(self, sha, dest, mode, *, within=None, expect=ANY_STATE):
         """Write the payload sha into dest in place, as write_over does, for a
         payload this operation has just written and checked: copied by the
         kernel, without hashing it again. dest's stat once written."""
         src = self._open_payload(sha)
         with src:
             size = os.fstat(src.fd).st_size
-            out, before = open_over(dest, mode, within=within)
+            out, before = open_over(dest, mode, within=within, expect=expect)
             with out:
                 try:
                     out.written = copy_descriptor(src.fd, out.fd)
@@ -2550,7 +2619,7 @@ class PayloadStore:
                                        "bytes)" % (sha[:12], out.written, size))
                 return end_over(out, dest, before, mode)
 
-    def import_file(self, src, dest, sha, mode, *, within=None):
+    def import_file(self, src, dest, sha, mode, *, within=None, expect=ANY_STATE):
         """Copy src into dest (written over in place) and, when missing, into
         the store, in one read; dest's stat once written.
 
@@ -2563,7 +2632,7 @@ class PayloadStore:
         digest = hashlib.sha256()
         try:
             with open_package_file(src) as fh:
-                out, before = open_over(dest, mode, within=within)
+                out, before = open_over(dest, mode, within=within, expect=expect)
                 with out:
                     try:
                         copy = RawFile(self._opener(sha)(self.path(sha),
@@ -3234,6 +3303,11 @@ class Journal:
         if _inside(store.directory, root):  # the workspace is wherever its store is
             self.data["store_rel"] = os.path.relpath(store.directory, root)
         self.started = False
+        # Paths the operation left as they are (changed since its plan): an
+        # in-process rollback does not touch them. (After a crash, the
+        # rollback keeps what such a file holds: see _keep_edits.)
+        self.untouched = set()
+        self.relinked = set()  # see expected_row
 
     def add_entry(self, rel, before, after=None):
         """Plan to change rel; before is (sha, mode) of its current content or
@@ -3303,7 +3377,11 @@ class Journal:
         remove_empty_dir(os.path.dirname(self.directory))
 
     def rollback(self):
-        return rollback_journal(self.store, self.directory, self.data)
+        data = self.data
+        if self.untouched:
+            data = dict(data, entries=[entry for entry in data["entries"]
+                                       if entry[0] not in self.untouched])
+        return rollback_journal(self.store, self.directory, data)
 
 
 def path_length_limit(directory):
@@ -3767,6 +3845,18 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         else:
             plan["to_replace" if have is not None else "to_write"].append(path)
     return plan
+
+
+CHANGED_MEANWHILE_TEXT = "changed by something else while the %s ran; left as it is"
+
+
+def plan_without(plan, left):
+    """The plan less the paths in left (those an operation left as they were)."""
+    if not left:
+        return plan
+    left = set(left)
+    return {key: [rel for rel in value if rel not in left] if isinstance(value, list) else value
+            for key, value in plan.items()}
 
 
 def ancestors(paths):
@@ -6977,17 +7067,19 @@ class Checkpoints:
                     plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                         skipped=snap.skipped, unseen=unseen,
                                         policy=self._policy(ws))
-            recovered = None
+            recovered, skipped = None, snap.skipped
             if apply:
-                recovered = self._apply_restore(ws, state, target, target_no, snap, plan,
-                                                head_after)
+                recovered, left = self._apply_restore(ws, state, target, target_no, snap, plan,
+                                                      head_after)
+                skipped = skipped + [{"path": rel, "reason": CHANGED_MEANWHILE_TEXT % "restore"}
+                                     for rel in left]
         self._watch(ws.root, ws.store)
         if apply and self.watcher:
             self.watcher.reset(ws.root)
         return {"applied": bool(apply), "recovered": recovered,
                 "plan": {k: plan[k] for k in ("to_delete", "to_write", "to_replace",
                                               "unrestorable")},
-                "skipped_paths": snap.skipped, "head": head_after if apply else state["head"],
+                "skipped_paths": skipped, "head": head_after if apply else state["head"],
                 "target": ("s%04d" % index) if index is not None else drift_id}
 
     def _restore_target(self, ws, state, index, drift_id):
@@ -7028,13 +7120,14 @@ class Checkpoints:
             raise
         journal.begin(payloads_new=snap.created, discard=snap.created)
         try:
-            stats = self._apply_plan(ws, journal, target, plan)
-            rows = self._rows_after_restore(snap, target, plan, stats)
+            stats, left = self._apply_plan(ws, journal, target, plan, snap.rows)
+            done = plan_without(plan, left)
+            rows = self._rows_after_restore(snap, target, done, stats)
             # The recovered record lists what undoing the restore brings back.
             later = []  # its manifest and record, made durable with the state's bytes
             drift = self._record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
-                lists=(plan["to_delete"], plan["to_replace"], plan["to_write"]),
+                lists=(done["to_delete"], done["to_replace"], done["to_write"]),
                 later=later, unseen=snap.unseen)
             state["head"] = head_after
             if head_after:
@@ -7044,12 +7137,12 @@ class Checkpoints:
             ws.records.write_state_with(
                 state, lambda staged: ws.store.payloads.flush_with(later + staged))
             self._keep_index(ws, self._index_after_writes(
-                ws, rows, set(plan["to_write"]) | set(plan["to_replace"]), snap.stamp_ns,
-                set(plan["to_replace"])))
+                ws, rows, set(done["to_write"]) | set(done["to_replace"]), snap.stamp_ns,
+                set(done["to_replace"])))
         except BaseException as exc:
             self._undo(journal, "restore", exc)
         journal.finish()
-        return drift["id"]
+        return drift["id"], left
 
     def _undo(self, journal, what, exc):
         try:
@@ -7086,12 +7179,23 @@ class Checkpoints:
                                      ". " + advice if advice else "")) from None
         raise exc
 
-    def _apply_plan(self, ws, journal, target, plan):
+    def _apply_plan(self, ws, journal, target, plan, rows):
+        """Delete and write what the plan says; rows: the index rows of the
+        snapshot it was made from. A file that no longer matches its row (or
+        appeared where the snapshot saw none) was written by something else
+        since, and is left as it is: nothing of it is lost, and the next scan
+        reads it. Returns ({rel: stat} of the files written, [the paths left])."""
         payloads = ws.store.payloads
         emptied = set()
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
-            remove_within(full, ws.guard)
+            expect = expected_row(rows[rel], journal.relinked)
+            journal.relinked.add((rows[rel][4], rows[rel][3]))  # another name may follow
+            try:
+                remove_within(full, ws.guard, expect=expect)
+            except ChangedMeanwhile:
+                journal.untouched.add(rel)
+                continue
             emptied.add(os.path.dirname(full))
         for folder in sorted(emptied, key=lambda f: -f.count(os.sep)):  # deepest first
             prune_empty_dirs(ws.root, folder, ws.guard)
@@ -7102,26 +7206,32 @@ class Checkpoints:
             ensure_dir(os.path.dirname(full), made, ws.guard)
             writes.append((rel, full))
         guard = ws.guard
-        stats = in_parallel(lambda item: self._restore_file(payloads, journal, target, guard,
-                                                            *item), writes)
-        return {rel: st for (rel, _full), st in zip(writes, stats)}
+        stats = in_parallel(lambda item: self._restore_file(
+            payloads, journal, target, guard, *item, rows.get(item[0])), writes)
+        written = {rel: st for (rel, _full), st in zip(writes, stats) if st is not None}
+        return written, sorted(journal.untouched)
 
     @staticmethod
-    def _restore_file(payloads, journal, target, guard, rel, full):
-        """Write one file of a restore (its directory exists); its stat after.
-        guard: the workspace's kernel_path."""
+    def _restore_file(payloads, journal, target, guard, rel, full, expect):
+        """Write one file of a restore (its directory exists); its stat after,
+        or None when it was left as it is: it no longer matches expect, the
+        row the plan saw (None: no file). guard: the workspace's kernel_path."""
         _kind, sha, _size, mode, _mtime = target[rel]
-        try:
-            st = os.lstat(full)
-        except FileNotFoundError:
-            st = None
-        if st is not None and stat_mod.S_ISDIR(st.st_mode):
+        expect = expected_row(expect, journal.relinked)
+        st = lstat_or_none(full)
+        if st is not None and stat_mod.S_ISDIR(st.st_mode) and expect is None:
             rmdir_within(full, guard)  # only an empty directory may give way to a file
             st = None
         try:
+            check_expected(st, expect, full)
             if st is not None and st.st_nlink > 1:
+                journal.relinked.add((st.st_dev, st.st_ino))  # replacing it moves their ctime
                 raise PermissionError("hard-linked")  # writing through would change the other names
-            return payloads.write_over(sha, full, mode, within=guard, exists=st is not None)
+            return payloads.write_over(sha, full, mode, within=guard, exists=st is not None,
+                                       expect=expect)
+        except ChangedMeanwhile:
+            journal.untouched.add(rel)
+            return None
         except PermissionError:  # read-only or hard-linked: replace the name instead
             return replace_through(journal.temp_name(full), full, rel, guard,
                                    lambda tmp: payloads.copy_out(sha, tmp, mode, within=guard))
@@ -7551,13 +7661,16 @@ class Checkpoints:
                     raise AlreadyExists("task %r already exists in the store %r; nothing was "
                                         "imported" % (task_id, store.directory))
                 self._release_caches(keep=store)
-                recovered = self._import_locked(ws, package, desc)
+                recovered, left = self._import_locked(ws, package, desc)
         self._watch(root, store)
-        return {"task_id": task_id, "recovered": recovered}
+        return {"task_id": task_id, "recovered": recovered,
+                "skipped_paths": [{"path": rel, "reason": CHANGED_MEANWHILE_TEXT % "import"}
+                                  for rel in left]}
 
     def _import_locked(self, ws, package, desc):
-        """Journal, write and record an import; returns the recovered drift id
-        when files already in the workspace were overwritten (None otherwise)."""
+        """Journal, write and record an import; returns (the recovered drift
+        id when files already in the workspace were overwritten, else None;
+        the paths left as they were, changed since the import's snapshot)."""
         payloads = ws.store.payloads
         # The workspace as it is, content stored: the undo point for overwritten files.
         pre = self._snapshot(ws, store_content=True)
@@ -7575,7 +7688,7 @@ class Checkpoints:
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
-        return recovered
+        return recovered, sorted(journal.untouched)
 
     def _import_plan(self, ws, package, desc, pre, history):
         """The import's journal, not yet begun, with what it must know: the
@@ -7628,33 +7741,42 @@ class Checkpoints:
 
         fresh = self._import_store_content(payloads, desc, package_file)
 
-        def write(item, dest):
+        def write(item, dest, expect):
             sha, mode = item["sha256"], item["mode"] & 0o777
             if sha in fresh:
-                return payloads.place_stored(sha, dest, mode, within=ws.guard)
-            return payloads.import_file(package_file(item), dest, sha, mode, within=ws.guard)
+                return payloads.place_stored(sha, dest, mode, within=ws.guard, expect=expect)
+            return payloads.import_file(package_file(item), dest, sha, mode, within=ws.guard,
+                                        expect=expect)
 
         def place(item):
-            st = self._import_place(ws, journal, item["path"], fulls[item["path"]],
-                                    lambda dest: write(item, dest))
+            rel = item["path"]
+            try:
+                st = self._import_place(ws, journal, rel, fulls[rel], pre.rows.get(rel),
+                                        lambda dest, expect: write(item, dest, expect))
+            except ChangedMeanwhile:  # the next scan reads what is there now
+                journal.untouched.add(rel)
+                return None
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
 
         for item, row in zip(desc["files"], in_parallel(place, desc["files"])):
-            rows[item["path"]] = row
+            if row is not None:
+                rows[item["path"]] = row
+        left = journal.untouched
         # The records, any content another thread of this import stored
         # meanwhile and the state's bytes are made durable in one batch.
         later = []
         state = self._import_records(ws, desc, later)
         recovered = None
+        overwritten = [rel for rel in overwritten if rel not in left]
         if overwritten:
-            new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries))
+            new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries) - left)
             recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import",
                                            later=later, unseen=pre.unseen)["id"]
-        written = {item["path"] for item in desc["files"]}
+        written = {item["path"] for item in desc["files"]} - left
         self._keep_index(ws, self._index_after_writes(
             ws, rows, written, pre.stamp_ns, written.intersection(pre.entries)), whole=True)
         ws.records.write_state_with(state, lambda staged: payloads.flush_with(later + staged))
@@ -7689,24 +7811,27 @@ class Checkpoints:
         return {sha for sha, written in zip(firsts, stored) if written}
 
     @staticmethod
-    def _import_place(ws, journal, rel, full, write):
-        """Write one imported file at full (write(dest) writes its content
-        and returns the written file's stat) and return that stat. A link
-        there is refused, an empty folder gives way, and a file with other
-        links or without write permission is replaced through a staging
-        name, so no other link sees the new content."""
-        try:
-            st = os.lstat(full)
-        except FileNotFoundError:
-            st = None
+    def _import_place(ws, journal, rel, full, expect, write):
+        """Write one imported file at full (write(dest, expect) writes its
+        content and returns the written file's stat) and return that stat.
+        A link there is refused, an empty folder gives way, and a file with
+        other links or without write permission is replaced through a
+        staging name, so no other link sees the new content. expect: the
+        row the import's snapshot has for it (None: no file);
+        ChangedMeanwhile, with nothing written, when it no longer matches."""
+        expect = expected_row(expect, journal.relinked)
+        st = lstat_or_none(full)
         if st is not None and stat_mod.S_ISLNK(st.st_mode):
             raise UnsafePath("path %r is a symlink" % rel)
-        if st is not None and stat_mod.S_ISDIR(st.st_mode):
+        if st is not None and stat_mod.S_ISDIR(st.st_mode) and expect is None:
             rmdir_within(full, ws.guard)  # only an empty directory may give way
             st = None
+        check_expected(st, expect, full)
         if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
-            return replace_through(journal.temp_name(full), full, rel, ws.guard, write)
-        return write(full)
+            journal.relinked.add((st.st_dev, st.st_ino))  # replacing it moves their ctime
+            return replace_through(journal.temp_name(full), full, rel, ws.guard,
+                                   lambda tmp: write(tmp, ANY_STATE))
+        return write(full, expect)
 
     def _import_records(self, ws, desc, later):
         """The imported steps' manifests and records, written for the

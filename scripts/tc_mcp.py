@@ -349,8 +349,8 @@ TOOL_SPECS = {
             "package": s_str("Absolute path of the package directory tc_export returned.",
                              max_length=PATH_LIMIT, min_length=1),
         }, ["root", "package"]),
-        "output": s_out({"task_id": {"type": "string"}, "recovered": NULLABLE_STR},
-                        ["task_id"]),
+        "output": s_out({"task_id": {"type": "string"}, "recovered": NULLABLE_STR,
+                         "skipped_paths": SKIPPED}, ["task_id"]),
     },
     "tc_compress": {
         "description": "Reclaim space held by old drift records' content, and by content no "
@@ -565,6 +565,7 @@ LONG_LISTS = {
                    "plan.unrestorable"),
     "tc_resume": ("drift_paths", "changed_since_step", "skipped", "health.errors"),
     "tc_export": ("files", "filtered", "changed_since_step"),
+    "tc_import": ("skipped_paths",),
 }
 DRIFT_LISTS = ("added", "modified", "deleted")
 
