@@ -4651,8 +4651,11 @@ class GitRefWriter:
         return {"ok": True, "ref": ref, "reason": None, "unchanged": unchanged}
 
     def write_step_ref(self, *, root, store_dir, task_id, step_index,
-                       entries, payload_path, message, parent_hint=None):
-        """Create refs/checkpoints/<task_id>/sNNNN for a new step; never raises."""
+                       entries, payload_path, message, parent_hint=None, earlier=None):
+        """Create refs/checkpoints/<task_id>/sNNNN for a new step; never raises.
+        earlier: (number, load) of the step before it, whose ref is written
+        first if it has none (a save cut off between its step and its ref);
+        load() returns that step's (entries, message)."""
         if not self.enabled:
             return self.skipped("TC_GIT=off")
         try:
@@ -4660,7 +4663,7 @@ class GitRefWriter:
                 return self.skipped("not a git repo")
             run = _GitRunner(root, store_dir, git_environment(self.environ))
             return self._write_verified(run, store_dir, task_id, step_index,
-                                        entries, payload_path, message, parent_hint)
+                                        entries, payload_path, message, parent_hint, earlier)
         except GitCommandFailed as exc:
             return self._failure(exc, task_id, step_index)
         except Exception as exc:  # a bug or an OS error must not fail the save
@@ -4673,7 +4676,7 @@ class GitRefWriter:
         return self.skipped(reason, error=str(exc))
 
     def _write_verified(self, run, store_dir, task_id, step_index,
-                        entries, payload_path, message, parent_hint):
+                        entries, payload_path, message, parent_hint, earlier):
         repo_key = run.discover()
         if repo_key is None:
             # A .git was found but git does not accept it (damaged or foreign).
@@ -4682,7 +4685,7 @@ class GitRefWriter:
         before = run.fingerprint() if self.verify else None
         try:
             result = self._create_ref(run, repo_key, store_dir, task_id, step_index,
-                                      entries, payload_path, message, parent_hint)
+                                      entries, payload_path, message, parent_hint, earlier)
         except GitCommandFailed as exc:
             result = self._failure(exc, task_id, step_index)
         if before is not None:
@@ -4700,7 +4703,7 @@ class GitRefWriter:
         return after == before
 
     def _create_ref(self, run, repo_key, store_dir, task_id, step_index,
-                    entries, payload_path, message, parent_hint):
+                    entries, payload_path, message, parent_hint, earlier=None):
         if not _REF_COMPONENT.match(task_id or ""):
             raise GitCommandFailed("task id %r is not a valid git ref component" % task_id)
         ref = step_ref_name(task_id, step_index)
@@ -4708,17 +4711,45 @@ class GitRefWriter:
         if ref in existing:
             self.log("git ref %s already exists; left as it is" % ref)
             return self.skipped("ref exists")
+        caches = os.path.join(store_dir, "git")
+        if earlier is not None and 1 <= earlier[0] < step_index:
+            self._catch_up(run, (caches, repo_key, task_id), existing, earlier, payload_path)
+        parent = choose_parent(existing, ref, parent_hint)
+        if not self._make_ref(run, (caches, repo_key, task_id), existing, ref, entries,
+                              payload_path, parent, message):
+            self.log("git ref %s appeared concurrently; left as it is" % ref)
+            return self.skipped("ref exists")
+        return self.made(ref)
+
+    def _make_ref(self, run, cache_key, existing, ref, entries, payload_path, parent, message):
+        """Commit the stored files of entries and point the new ref at it;
+        False when the ref appeared meanwhile. existing gets the new ref."""
         files = [(path, git_file_mode(entry[3]), entry[1]) for path, entry in entries.items()
                  if entry[0] == KIND_FILE]
-        cache = GitObjectCache(os.path.join(store_dir, "git"), repo_key, task_id)
-        parent = choose_parent(existing, ref, parent_hint)
+        cache = GitObjectCache(*cache_key)
         commit, blobs, trees = self._commit(run, cache, files, payload_path, parent, message,
                                             set(existing.values()))
         if not run.create_ref(ref, commit, message):
-            self.log("git ref %s appeared concurrently; left as it is" % ref)
-            return self.skipped("ref exists")
+            return False
         cache.remember(commit, blobs, trees)  # only a commit a ref holds is trusted later
-        return self.made(ref)
+        existing[ref] = commit
+        return True
+
+    def _catch_up(self, run, cache_key, existing, earlier, payload_path):
+        """Write the ref of the step before a new one when it has none: its
+        save was cut off (a kill, a crash) after the step and before the ref."""
+        number, load = earlier
+        ref = step_ref_name(cache_key[2], number)
+        if ref in existing:
+            return
+        try:
+            entries, message = load()
+        except (CheckpointError, OSError) as exc:
+            self.log("git ref %s is missing and cannot be written: %s" % (ref, exc))
+            return
+        if self._make_ref(run, cache_key, existing, ref, entries, payload_path,
+                          choose_parent(existing, ref, None), message):
+            self.log("git ref %s was missing (its save was cut off before it); written now" % ref)
 
     def _commit(self, run, cache, files, payload_path, parent, message, commits):
         """Hash the content git is not known to have, write the trees it
@@ -4742,6 +4773,11 @@ class GitRefWriter:
         commit = run.commit_tree(trees[-1][0], parent, message)
         return (commit, {sha: blobs[sha] for _, _, sha in files},
                 [tree_id for tree_id, _ in trees])
+
+
+def step_message(task_id, index, title):
+    """The commit message of a step's checkpoint commit."""
+    return "checkpoint %s s%04d: %s" % (task_id, index, title)
 
 
 def choose_parent(existing, ref, parent_hint):
@@ -5570,6 +5606,9 @@ class Store:
         self._tasks = {}
         self._writing = False
         self._rollback_failures = {}  # journal folder -> error of its last rollback
+        # A writer died since this process last looked: its last step may
+        # lack its git ref (see Checkpoints._head_ref_after_a_crash).
+        self.writer_died = False
 
     def task(self, task_id):
         records = self._tasks.get(task_id)
@@ -5760,6 +5799,7 @@ class Store:
         except FileNotFoundError:
             marked_ns = None
         if marked_ns is not None:
+            self.writer_died = True
             swept = sweep_temp_files(self.directory)
             if swept:
                 self.log("removed %d temporary file(s) left by an interrupted write" % swept)
@@ -6567,7 +6607,8 @@ class Checkpoints:
             # Inside the lock, so concurrent saves chain their refs in step order.
             step = result.pop("_step", None)
             result["git"] = (self._git_ref(ws, step) if step is not None
-                             else self.git.skipped("no new step"))
+                             else self._head_ref_after_a_crash(ws, result)
+                             or self.git.skipped("no new step"))
         result["active_task_changed"] = changed
         self._watch(ws.root, ws.store)
         if self.watcher:
@@ -6693,13 +6734,38 @@ class Checkpoints:
         state["last_manifest"] = number
         return number
 
+    def _head_ref_after_a_crash(self, ws, result):
+        """For a save that repeats the head step after a writer died: the
+        git result of writing the head's ref if it has none (the save that
+        made the step was cut off before its ref), else None. New steps
+        catch up on a missing ref by themselves (see _git_ref)."""
+        if not (ws.store.writer_died and result["idempotent"] and self.git.enabled):
+            return None
+        ws.store.writer_died = False
+        try:
+            head = ws.records.read_step(result["index"])
+            entries = ws.records.manifests.load(head["manifest"])
+        except (CheckpointError, OSError):
+            return None
+        made = self._git_ref(ws, (head["index"], entries, head["title"]))
+        return made if made["ok"] else None
+
     def _git_ref(self, ws, step):
+        """The git result of a step's ref, written now (with the ref of the
+        step before it, when that is missing)."""
         index, entries, title = step
+
+        def earlier_step():
+            record = ws.records.read_step(index - 1)
+            return (ws.records.manifests.load(record["manifest"]),
+                    step_message(ws.task_id, index - 1, record["title"]))
+
         try:
             return self.git.write_step_ref(
                 root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
                 step_index=index, entries=entries, payload_path=ws.store.payloads.path,
-                message="checkpoint %s s%04d: %s" % (ws.task_id, index, title))
+                message=step_message(ws.task_id, index, title),
+                earlier=(index - 1, earlier_step))
         except Exception as exc:  # git never fails a save
             self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))

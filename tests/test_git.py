@@ -576,6 +576,65 @@ PLUMBING_ONLY = ["rev-parse", "hash-object", "hash-object -t tree",
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
 @unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
+class SaveCutOffBeforeItsRefTest(GitCase):
+    """A server killed after a save recorded its step and before git made
+    the step's ref: the next save writes the missing ref."""
+
+    def cut_off_second_save(self):
+        make_git_repo(self.root)
+        self.write("a.txt", "one\n")
+        reached, hold = (os.path.join(self.tmp, name) for name in ("reached", "hold"))
+        write(self.tmp, "hold", "")
+        env = self.make_spy_git(on_commit_tree="touch '%s'; while [ -e '%s' ]; do sleep 0.02; "
+                                               "done" % (reached, hold))
+        srv, task = self.start(env=env)
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "two\n")
+        self.arm_spy()
+        srv.send_raw((json.dumps({"jsonrpc": "2.0", "id": 90, "method": "tools/call", "params": {
+            "name": "tc_save", "arguments": {"root": self.root, "title": "two",
+                                             "conclusion": "c", "next": "n"}}}) + "\n").encode())
+        deadline = time.monotonic() + 30
+        while not os.path.exists(reached) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertTrue(os.path.exists(reached), "the save never reached commit-tree")
+        srv.kill()
+        os.remove(hold)
+        self.assertTrue(os.path.exists(os.path.join(self.store, "tasks", task, "steps",
+                                                    "s0002.json")))
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, 1)])
+        return task
+
+    def test_saving_the_same_step_again_writes_its_ref(self):
+        task = self.cut_off_second_save()
+        srv = self.server()
+        again = srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
+        self.assertTrue(again["idempotent"])
+        self.assertEqual(again["index"], 2)
+        self.assertEqual(again["git"]["ref"], ref_of(task, 2), again["git"])
+        self.assertTrue(again["git"]["ok"])
+        self.assertEqual(git(self.root, "cat-file", "blob", ref_of(task, 2) + ":a.txt"), b"two\n")
+        self.assertEqual(rev(self.root, ref_of(task, 2) + "^"), rev(self.root, ref_of(task, 1)))
+        # Once written, a repeat is the usual "no new step".
+        third = srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
+        self.assertEqual(third["git"]["reason"], "no new step")
+
+    def test_the_next_step_writes_the_missing_ref_first(self):
+        task = self.cut_off_second_save()
+        srv = self.server()
+        self.write("a.txt", "three\n")
+        third = srv.ok("tc_save", root=self.root, title="three")
+        self.assertEqual(third["index"], 3)
+        self.assertEqual(third["git"]["ref"], ref_of(task, 3))
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, n) for n in (1, 2, 3)])
+        self.assertEqual(git(self.root, "cat-file", "blob", ref_of(task, 2) + ":a.txt"), b"two\n")
+        self.assertEqual(rev(self.root, ref_of(task, 3) + "^"), rev(self.root, ref_of(task, 2)))
+        self.assertEqual(rev(self.root, ref_of(task, 2) + "^"), rev(self.root, ref_of(task, 1)))
+        git(self.root, "fsck", "--full", "--no-progress")
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+@unittest.skipUnless(os.name == "posix", "the git spy is a shell script")
 class FingerprintTest(GitCase):
     """git.unchanged: what it proves, what it costs, what it must not confuse."""
 
