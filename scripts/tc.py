@@ -3493,6 +3493,8 @@ def rollback_journal(store, directory, data=None, *, keep_edits=False):
     else:
         stranded = _keep_undo_content(store, data)
     _rollback_records(store, directory, data)
+    if there == "here":
+        _settle_put_back_rows(store, data, not_back)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
     remove_file(os.path.join(directory, "plan.json"))
@@ -3747,6 +3749,38 @@ def _keep_edits(store, data, root, guard):
         store.log("rollback of %s: what %d file(s) held is kept, listed in %r"
                   % (data["op_id"], len(edited), path))
     return edited, leave
+
+
+def _settle_put_back_rows(store, data, not_back):
+    """After a rollback: the index rows of the files it put back get their
+    new size, mtime and inode, so tc_resume does not list them as unsaved
+    work (they hold what their rows say). Their ctime is one no file has,
+    so the next scan still reads them (see carry_unknown). Only a stat
+    cache: a failure here is logged and changes nothing else."""
+    index_rels = [rel for rel in data["store_backup"]
+                  if os.path.basename(rel) == "index.json"]
+    back = {entry[0]: entry[1] for entry in data["entries"]
+            if entry[1] is not None and entry[0] not in not_back}
+    if not index_rels or not back:
+        return
+    try:
+        records = store.task(os.path.basename(os.path.dirname(index_rels[0])))
+        doc = records.read_index()
+        files, moved = dict(doc["files"]), 0
+        for rel, (sha, _mode) in back.items():
+            row = files.get(rel)
+            st = lstat_or_none(os.path.join(data["root"], *rel.split("/")))
+            if (row is None or row[7] != sha or st is None or not stat_mod.S_ISREG(st.st_mode)
+                    or st.st_size != row[0] or matches_row(st, row)):
+                continue
+            files[rel] = [st.st_size, st.st_mtime_ns, -1, st.st_ino, st.st_dev] + row[5:]
+            moved += 1
+        if moved:
+            records.write_index({"stamp_ns": doc.get("stamp_ns", 0), "files": files},
+                                whole=True)
+    except (OSError, CheckpointError, ValueError, TypeError, KeyError) as exc:
+        store.log("rollback of %s: the index rows of the files put back were left as they "
+                  "were: %s" % (data.get("op_id"), exc))
 
 
 def _rollback_records(store, directory, data):

@@ -1020,3 +1020,66 @@ class DeepFolderTests(WorkspaceTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RolledBackFilesAreNotUnsavedWork(WorkspaceTest):
+    """A rollback writes back what files held before the restore; their
+    times move, their content is what the index says. tc_resume must not
+    list them as unsaved work afterwards."""
+
+    FILES = 40
+
+    def setUp(self):
+        super().setUp()
+        for n in range(self.FILES):
+            self.write("src/f%02d.txt" % n, "first %d\n" % n)
+        self.cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        self.cp.init(self.root, "rollback")
+        self.cp.save(self.root, "one")
+        for n in range(self.FILES):
+            self.write("src/f%02d.txt" % n, "second, longer %d\n" % n)
+        self.cp.save(self.root, "two")
+        time.sleep(0.05)
+        self.write("unsaved.txt", "not recorded yet\n")
+        self.before = snapshot(self.root)
+
+    def assert_only_the_unsaved_file_is_listed(self):
+        # (A new process rolls a dead one's restore back at its first lock.)
+        resumed = tc.Checkpoints(tc.Config(watch=False, git=False)).resume(self.root)
+        self.assertEqual(snapshot(self.root), self.before)
+        self.assertEqual(resumed["drift_paths"], ["unsaved.txt"])
+        self.assertTrue(resumed["health"]["ok"], resumed["health"])
+        # The next save records what the files put back hold.
+        saved = self.cp.save(self.root, "two again")
+        files = self.cp.show(self.root, index=saved["index"], limit=200)["steps"][0]["files"]
+        self.assertEqual({f["path"]: f["sha256"] for f in files},
+                         {rel: hashlib.sha256(data).hexdigest()
+                          for rel, (data, _mode) in self.before.items()})
+
+    def test_after_a_restore_that_failed_and_was_undone(self):
+        original = tc.Checkpoints._record_drift
+
+        def full_disk(cp, *args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        tc.Checkpoints._record_drift = full_disk
+        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+        with self.assertRaises(tc.CheckpointError):
+            self.cp.restore(self.root, index=1, apply=True)
+        tc.Checkpoints._record_drift = original
+        self.assert_only_the_unsaved_file_is_listed()
+
+    def test_after_a_restore_whose_process_died_midway(self):
+        # The process ends at once (no clean-up) once every file is written.
+        script = (
+            "import os, sys\n"
+            "sys.path.insert(0, %r)\n"
+            "import tc\n"
+            "tc.Checkpoints._record_drift = lambda *args, **kwargs: os._exit(9)\n"
+            "tc.Checkpoints(tc.Config(watch=False, git=False)).restore(%r, index=1, apply=True)\n"
+        ) % (SCRIPTS, self.root)
+        died = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+        self.assertEqual(died.returncode, 9, died.stderr)
+        self.assertEqual(self.read("src/f00.txt"), b"first 0\n")  # it got that far
+        self.assertTrue(os.listdir(os.path.join(self.store, "journal")))
+        self.assert_only_the_unsaved_file_is_listed()
