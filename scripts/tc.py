@@ -5321,9 +5321,8 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=
     is not recorded is then unknown, not none); unseen: the folders and
     files in it the scan could not read (named, since what changed in them
     is unknown)."""
-    lines = ["Task: %s" % handoff_field(state.get("name", ""), one_line=True)]
-    if state.get("goal"):
-        lines.append("Goal: %s" % handoff_field(state["goal"]))
+    lines = ["Task: %s" % handoff_field(state.get("name", ""), one_line=True),
+             "Goal: %s" % (handoff_field(state.get("goal")) or "(not stated)")]
     if state.get("constraints"):
         lines.append("Constraints: %s" % handoff_field(state["constraints"]))
     if last:
@@ -5333,7 +5332,7 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=
             lines.append("Conclusion: %s" % handoff_field(last["conclusion"]))
         lines.append("Next step: %s" % (handoff_field(last.get("next")) or "(not stated)"))
     else:
-        lines.append("Current step: none saved yet")
+        lines += ["Current step: none saved yet", "Next step: (not stated)"]
     if last and changed and changed != drift_paths:
         lines.append("Changed since step %d: %s" % (last["index"], _path_list(changed)))
     if unread:

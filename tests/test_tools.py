@@ -1017,6 +1017,20 @@ class ResumeTest(ToolsTest):
         self.assertLess(len(json.dumps(res, ensure_ascii=False).encode("utf-8")), 82_000)
         self.assertTrue(res["handoff"].splitlines()[-1].startswith("Not yet recorded: "))
 
+    def test_the_handoff_always_has_its_five_lines(self):
+        # Task, goal, current step, next step and what is not recorded, in
+        # that order, also for a task with no goal and no step yet.
+        self.init(name="Bare task")
+        self.write("a.txt", "a\n")
+        labels = ("Task: ", "Goal: ", "Current step: ", "Next step: ", "Not yet recorded: ")
+        for step in (None, "one"):
+            if step:
+                self.save(step)
+            lines = self.ok("tc_resume", root=self.root)["handoff"].splitlines()
+            self.assertEqual([next(l for l in labels if line.startswith(l)) for line in lines
+                              if line.startswith(labels)], list(labels), lines)
+            self.assertIn("Goal: (not stated)", lines)
+
     def test_resume_before_any_step(self):
         task = self.init(name="Fresh task", goal="Get started")["task_id"]
         res = self.ok("tc_resume", root=self.root)
