@@ -1662,42 +1662,33 @@ class ChangedMeanwhile(OSError):
 ANY_STATE = object()  # open_over's and remove_within's expect: no check
 
 
-def matches_row(st, row):
-    """Whether st (a stat of a file) shows the file a scan recorded as the
-    index row `row`: the same size and mtime and, where the stat cache
-    relies on them, the same inode and ctime (unless the row's ctime is
-    None: see expected_row)."""
-    if st.st_size != row[0] or st.st_mtime_ns != row[1]:
-        return False
-    return not STAT_CACHE_SUPPORTED or (st.st_ino == row[3]
-                                        and (row[2] is None or st.st_ctime_ns == row[2]))
+def seen_as(row):
+    """What an operation checks a file against before it writes or removes
+    it: (size, mtime) of its snapshot row, or None where the snapshot saw no
+    file. Not the ctime or the inode: the operation's own work on other
+    names of a hard-linked file moves the ctime, and so do a chmod or an
+    extended attribute another program sets; some file systems renumber
+    inodes. A writer moves the mtime."""
+    return None if row is None else (row[0], row[1])
 
 
-def expected_row(row, relinked):
-    """The row a file must still match before an operation writes it.
-    relinked: (device, inode) of files whose other names the operation
-    itself removed or replaced; that moves their ctime, so theirs is not
-    compared (its size, mtime and inode still are)."""
-    if row is not None and (row[4], row[3]) in relinked:
-        return row[:2] + [None] + row[3:]
-    return row
-
-
-def lstat_or_none(path):
+def lstat_or_none(path, dir_fd=None):
     try:
-        return os.lstat(path)
+        return os.lstat(path, dir_fd=dir_fd) if dir_fd is not None else os.lstat(path)
     except FileNotFoundError:
         return None
 
 
 def check_expected(st, expect, path):
     """ChangedMeanwhile unless the file at path, whose stat is st (None: no
-    file), is as expect says: an index row, None for "no file", or
-    ANY_STATE."""
+    file), is as expect says: (size, mtime) of a regular file (seen_as),
+    None for "no file", or ANY_STATE for no check."""
     if expect is ANY_STATE:
         return
-    if (st is None) != (expect is None) or (st is not None and (
-            not stat_mod.S_ISREG(st.st_mode) or not matches_row(st, expect))):
+    if st is None or expect is None:
+        if (st is None) != (expect is None):
+            raise ChangedMeanwhile(path)
+    elif not stat_mod.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != expect:
         raise ChangedMeanwhile(path)
 
 
@@ -1736,20 +1727,14 @@ def at_parent_within(path, guard, refusal, call):
 
 def remove_within(path, guard, *, expect=ANY_STATE):
     """remove_file for a workspace file, through its checked folder.
-    expect: the index row the file must still match (ChangedMeanwhile, and
-    the file stays, when it does not)."""
+    expect: see check_expected (ChangedMeanwhile, and the file stays, when
+    the file no longer matches it)."""
     if guard is None:
-        if expect is not ANY_STATE:
-            check_expected(lstat_or_none(path), expect, path)
+        check_expected(lstat_or_none(path), expect, path)
         return remove_file(path)
 
     def unlink(name, dfd):
-        if expect is not ANY_STATE:
-            try:
-                st = os.lstat(name, dir_fd=dfd) if dfd is not None else os.lstat(name)
-            except FileNotFoundError:
-                st = None
-            check_expected(st, expect, path)
+        check_expected(lstat_or_none(name, dfd), expect, path)
         if dfd is None:
             writable_to_remove(name)
         try:
@@ -2063,12 +2048,12 @@ def open_over(dest, mode, *, within=None, exists=None, expect=ANY_STATE):
     ends with end_over(). within: the guard of the workspace dest must be
     in (see check_written_within); a file this call created outside it is
     removed again. exists: whether dest is expected to exist (the order in
-    which to try opening it). expect: the index row dest must still match
-    when it is opened, or None when it must not exist yet (then it is
-    created); otherwise ChangedMeanwhile, with nothing written.
+    which to try opening it). expect: what dest must still be when it is
+    opened (see check_expected); otherwise ChangedMeanwhile, with nothing
+    written and nothing made.
     """
     fh, created = None, False
-    if within is not None:  # knowing whether this call made the file
+    if within is not None or expect is not ANY_STATE:  # knowing whether this call made the file
         opens = [(WRITE_OVER_FLAGS & ~os.O_CREAT, False), (WRITE_OVER_FLAGS | os.O_EXCL, True)]
         for flags, making in (opens if exists is not False else opens[::-1]):
             try:
@@ -2088,13 +2073,12 @@ def open_over(dest, mode, *, within=None, exists=None, expect=ANY_STATE):
                     remove_file(dest)
                 raise
         before = os.fstat(fh.fileno())
-        if expect is not ANY_STATE:
-            try:
-                check_expected(None if created else before, expect, dest)
-            except ChangedMeanwhile:
-                if created:
-                    remove_file(dest)
-                raise
+        try:
+            check_expected(None if created else before, expect, dest)
+        except ChangedMeanwhile:
+            if created:
+                remove_file(dest)
+            raise
         wider = stat_mod.S_IMODE(before.st_mode) & ~mode & 0o7777
         if wider and hasattr(os, "fchmod"):
             # An existing file more open than the content going in (a 0600
@@ -3303,11 +3287,8 @@ class Journal:
         if _inside(store.directory, root):  # the workspace is wherever its store is
             self.data["store_rel"] = os.path.relpath(store.directory, root)
         self.started = False
-        # Paths the operation left as they are (changed since its plan): an
-        # in-process rollback does not touch them. (After a crash, the
-        # rollback keeps what such a file holds: see _keep_edits.)
-        self.untouched = set()
-        self.relinked = set()  # see expected_row
+        self._left = set()  # see leave
+        self._left_lock = threading.Lock()
 
     def add_entry(self, rel, before, after=None):
         """Plan to change rel; before is (sha, mode) of its current content or
@@ -3376,12 +3357,31 @@ class Journal:
         fsync_dir(os.path.dirname(self.directory))
         remove_empty_dir(os.path.dirname(self.directory))
 
+    def leave(self, rel):
+        """Note that the operation leaves rel as it is (something else wrote
+        it after the plan was made): no rollback puts it back, in this
+        process or after a crash. Durable before the operation goes on."""
+        with self._left_lock:
+            if rel in self._left:
+                return
+            self._left.add(rel)
+            path = os.path.join(self.directory, LEFT_LIST_NAME)
+            new = not os.path.exists(path)
+            with open(path, "ab") as fh:
+                fh.write(json.dumps(rel).encode("ascii") + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            if new:
+                fsync_dir(self.directory, strict=True)
+
+    @property
+    def left(self):
+        """The paths the operation left as they are, sorted."""
+        with self._left_lock:
+            return sorted(self._left)
+
     def rollback(self):
-        data = self.data
-        if self.untouched:
-            data = dict(data, entries=[entry for entry in data["entries"]
-                                       if entry[0] not in self.untouched])
-        return rollback_journal(self.store, self.directory, data)
+        return rollback_journal(self.store, self.directory, self.data, left=self.left)
 
 
 def path_length_limit(directory):
@@ -3469,17 +3469,44 @@ def _put_back(payloads, full, before, guard):
         raise
 
 
-def rollback_journal(store, directory, data=None, *, keep_edits=False):
+LEFT_LIST_NAME = "left"  # in a journal's folder: one JSON string (a path) a line
+
+
+def read_left_list(directory):
+    """The paths a journal's operation left as they were (Journal.leave);
+    a line a crash cut short is passed over."""
+    try:
+        with open(os.path.join(directory, LEFT_LIST_NAME), "rb") as fh:
+            lines = fh.read().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+    left = set()
+    for line in lines:
+        try:
+            rel = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rel, str):
+            left.add(rel)
+    return left
+
+
+def rollback_journal(store, directory, data=None, *, keep_edits=False, left=()):
     """Undo an operation described by a journal; safe to run more than once.
     Returns the workspace paths that could not be put back (see
     _rollback_workspace). keep_edits: the operation died (found at a later
-    lock), so files may have been edited since; see _keep_edits."""
+    lock), so files may have been edited since; see _keep_edits. The paths
+    the operation left as they were (left, and those its journal lists) are
+    not the rollback's to touch."""
     if data is None:
         try:
             data = read_json(os.path.join(directory, "plan.json"))
         except (FileNotFoundError, StoreCorrupt):
             remove_tree(directory)  # never started
             return []
+    left = set(left) | read_left_list(directory)
+    if left:
+        data = dict(data, entries=[entry for entry in data["entries"] if entry[0] not in left])
     stranded, not_back = set(), []
     data = dict(data, root=_workspace_now(store, data))
     there = _workspace_state(store, data)
@@ -3752,35 +3779,39 @@ def _keep_edits(store, data, root, guard):
 
 
 def _settle_put_back_rows(store, data, not_back):
-    """After a rollback: the index rows of the files it put back get their
-    new size, mtime and inode, so tc_resume does not list them as unsaved
-    work (they hold what their rows say). Their ctime is one no file has,
-    so the next scan still reads them (see carry_unknown). Only a stat
+    """After a restore's rollback: the index rows of the files it put back
+    get their new size, mtime and inode, so tc_resume does not list them as
+    unsaved work (they hold what their rows say). Their ctime is one no file
+    has, so the next scan still reads them (see carry_unknown). Only a stat
     cache: a failure here is logged and changes nothing else."""
-    index_rels = [rel for rel in data["store_backup"]
-                  if os.path.basename(rel) == "index.json"]
-    back = {entry[0]: entry[1] for entry in data["entries"]
+    task_id = data.get("task_id")
+    back = {entry[0]: entry[1][0] for entry in data["entries"]
             if entry[1] is not None and entry[0] not in not_back}
-    if not index_rels or not back:
+    if not task_id or not back:
         return
     try:
-        records = store.task(os.path.basename(os.path.dirname(index_rels[0])))
+        records = store.task(task_id)
         doc = records.read_index()
-        files, moved = dict(doc["files"]), 0
-        for rel, (sha, _mode) in back.items():
+        files = dict(doc["files"])
+        for rel, sha in back.items():
             row = files.get(rel)
             st = lstat_or_none(os.path.join(data["root"], *rel.split("/")))
-            if (row is None or row[7] != sha or st is None or not stat_mod.S_ISREG(st.st_mode)
-                    or st.st_size != row[0] or matches_row(st, row)):
-                continue
-            files[rel] = [st.st_size, st.st_mtime_ns, -1, st.st_ino, st.st_dev] + row[5:]
-            moved += 1
-        if moved:
+            if _rewritten_as_recorded(row, sha, st):
+                files[rel] = [st.st_size, st.st_mtime_ns, -1, st.st_ino, st.st_dev] + row[5:]
+        if files != doc["files"]:
             records.write_index({"stamp_ns": doc.get("stamp_ns", 0), "files": files},
                                 whole=True)
     except (OSError, CheckpointError, ValueError, TypeError, KeyError) as exc:
         store.log("rollback of %s: the index rows of the files put back were left as they "
                   "were: %s" % (data.get("op_id"), exc))
+
+
+def _rewritten_as_recorded(row, sha, st):
+    """Whether st is a file the rollback put back with the content sha that
+    row records, under another stat than row's (the put-back moved it)."""
+    if row is None or row[7] != sha or st is None or not stat_mod.S_ISREG(st.st_mode):
+        return False
+    return st.st_size == row[0] and [st.st_mtime_ns, st.st_ctime_ns, st.st_ino] != row[1:4]
 
 
 def _rollback_records(store, directory, data):
@@ -3882,6 +3913,17 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
 
 
 CHANGED_MEANWHILE_TEXT = "changed by something else while the %s ran; left as it is"
+
+
+def in_the_way(rel, left):
+    """Whether a path in left (left as it is by an operation) stands where
+    writing rel needs room: at one of rel's folders, or inside a folder at
+    rel that would have to give way to the file."""
+    parts = rel.split("/")
+    if any("/".join(parts[:n]) in left for n in range(1, len(parts))):
+        return True
+    inside = rel + "/"
+    return any(path.startswith(inside) for path in left)
 
 
 def plan_without(plan, left):
@@ -4628,7 +4670,9 @@ class GitRefWriter:
       for trees git does not have yet), commit-tree, update-ref: at most
       five processes for a save in a repository whose refs are files (one
       more rev-parse when update-ref fails, to tell an existing ref from
-      another failure). The tree ids are computed here (git_trees),
+      another failure; a save after a dead writer that also writes the
+      missing ref of the step before its own pays the same once more).
+      The tree ids are computed here (git_trees),
       so only the directories that changed since the last checkpoint are
       sent to git, and git's answer must match them.
       Nothing moves HEAD, touches a branch, the user's index or the work
@@ -4688,8 +4732,7 @@ class GitRefWriter:
                        entries, payload_path, message, parent_hint=None, earlier=None):
         """Create refs/checkpoints/<task_id>/sNNNN for a new step; never raises.
         earlier: (number, load) of the step before it, whose ref is written
-        first if it has none (a save cut off between its step and its ref);
-        load() returns that step's (entries, message)."""
+        first if it has none; load() returns that step's (entries, message)."""
         if not self.enabled:
             return self.skipped("TC_GIT=off")
         try:
@@ -4770,20 +4813,20 @@ class GitRefWriter:
         return True
 
     def _catch_up(self, run, cache_key, existing, earlier, payload_path):
-        """Write the ref of the step before a new one when it has none: its
-        save was cut off (a kill, a crash) after the step and before the ref."""
+        """Write the ref of the step before a new one when it has none (after
+        a writer died: see Checkpoints._save_git). A failure here is logged
+        and costs the new step nothing."""
         number, load = earlier
         ref = step_ref_name(cache_key[2], number)
         if ref in existing:
             return
         try:
             entries, message = load()
-        except (CheckpointError, OSError) as exc:
-            self.log("git ref %s is missing and cannot be written: %s" % (ref, exc))
-            return
-        if self._make_ref(run, cache_key, existing, ref, entries, payload_path,
-                          choose_parent(existing, ref, None), message):
-            self.log("git ref %s was missing (its save was cut off before it); written now" % ref)
+            if self._make_ref(run, cache_key, existing, ref, entries, payload_path,
+                              choose_parent(existing, ref, None), message):
+                self.log("git ref %s was missing after a writer died; written now" % ref)
+        except (CheckpointError, OSError, GitCommandFailed) as exc:
+            self.log("git ref %s is missing and was not written: %s" % (ref, exc))
 
     def _commit(self, run, cache, files, payload_path, parent, message, commits):
         """Hash the content git is not known to have, write the trees it
@@ -5640,7 +5683,7 @@ class Store:
         self._writing = False
         self._rollback_failures = {}  # journal folder -> error of its last rollback
         # A writer died since this process last looked: its last step may
-        # lack its git ref (see Checkpoints._head_ref_after_a_crash).
+        # lack its git ref (see Checkpoints._save_git).
         self.writer_died = False
 
     def task(self, task_id):
@@ -6639,9 +6682,7 @@ class Checkpoints:
                 raise
             # Inside the lock, so concurrent saves chain their refs in step order.
             step = result.pop("_step", None)
-            result["git"] = (self._git_ref(ws, step) if step is not None
-                             else self._head_ref_after_a_crash(ws, result)
-                             or self.git.skipped("no new step"))
+            result["git"] = self._save_git(ws, step, result)
         result["active_task_changed"] = changed
         self._watch(ws.root, ws.store)
         if self.watcher:
@@ -6767,25 +6808,30 @@ class Checkpoints:
         state["last_manifest"] = number
         return number
 
-    def _head_ref_after_a_crash(self, ws, result):
-        """For a save that repeats the head step after a writer died: the
-        git result of writing the head's ref if it has none (the save that
-        made the step was cut off before its ref), else None. New steps
-        catch up on a missing ref by themselves (see _git_ref)."""
-        if not (ws.store.writer_died and result["idempotent"] and self.git.enabled):
-            return None
+    def _save_git(self, ws, step, result):
+        """The git result of a save: the new step's ref, or "no new step".
+        After a writer died (found since this process last looked), a save
+        also writes a ref that the step before its new one, or the head it
+        repeats, lacks: the dead writer may have been cut off between a step
+        and its ref."""
+        after_crash = ws.store.writer_died and self.git.enabled
         ws.store.writer_died = False
-        try:
-            head = ws.records.read_step(result["index"])
-            entries = ws.records.manifests.load(head["manifest"])
-        except (CheckpointError, OSError):
-            return None
-        made = self._git_ref(ws, (head["index"], entries, head["title"]))
-        return made if made["ok"] else None
+        if step is not None:
+            return self._git_ref(ws, step, catch_up=after_crash)
+        if after_crash and result["idempotent"]:
+            try:
+                head = ws.records.read_step(result["index"])
+                entries = ws.records.manifests.load(head["manifest"])
+            except (CheckpointError, OSError):
+                return self.git.skipped("no new step")
+            made = self._git_ref(ws, (head["index"], entries, head["title"]))
+            if made["ok"]:
+                return made
+        return self.git.skipped("no new step")
 
-    def _git_ref(self, ws, step):
-        """The git result of a step's ref, written now (with the ref of the
-        step before it, when that is missing)."""
+    def _git_ref(self, ws, step, *, catch_up=False):
+        """The git result of writing a step's ref; with catch_up, the ref
+        of the step before it is written first when it has none."""
         index, entries, title = step
 
         def earlier_step():
@@ -6798,7 +6844,7 @@ class Checkpoints:
                 root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
                 step_index=index, entries=entries, payload_path=ws.store.payloads.path,
                 message=step_message(ws.task_id, index, title),
-                earlier=(index - 1, earlier_step))
+                earlier=(index - 1, earlier_step) if catch_up else None)
         except Exception as exc:  # git never fails a save
             self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))
@@ -7197,6 +7243,7 @@ class Checkpoints:
 
     def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after):
         journal = Journal(ws.store, "restore", ws.root)
+        journal.data["task_id"] = ws.task_id  # whose index a rollback settles
         current = snap.entries
         try:
             for rel in plan["to_delete"]:
@@ -7288,35 +7335,36 @@ class Checkpoints:
         emptied = set()
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
-            expect = expected_row(rows[rel], journal.relinked)
-            journal.relinked.add((rows[rel][4], rows[rel][3]))  # another name may follow
             try:
-                remove_within(full, ws.guard, expect=expect)
+                remove_within(full, ws.guard, expect=seen_as(rows[rel]))
             except ChangedMeanwhile:
-                journal.untouched.add(rel)
+                journal.leave(rel)
                 continue
             emptied.add(os.path.dirname(full))
         for folder in sorted(emptied, key=lambda f: -f.count(os.sep)):  # deepest first
             prune_empty_dirs(ws.root, folder, ws.guard)
         made, checked = set(), set()
         writes = []
+        left = set(journal.left)
         for rel in plan["to_write"] + plan["to_replace"]:
+            if left and in_the_way(rel, left):
+                journal.leave(rel)
+                continue
             full = safe_workspace_path(ws.root, rel, checked)
             ensure_dir(os.path.dirname(full), made, ws.guard)
             writes.append((rel, full))
         guard = ws.guard
         stats = in_parallel(lambda item: self._restore_file(
-            payloads, journal, target, guard, *item, rows.get(item[0])), writes)
+            payloads, journal, target, guard, *item, seen_as(rows.get(item[0]))), writes)
         written = {rel: st for (rel, _full), st in zip(writes, stats) if st is not None}
-        return written, sorted(journal.untouched)
+        return written, journal.left
 
     @staticmethod
     def _restore_file(payloads, journal, target, guard, rel, full, expect):
         """Write one file of a restore (its directory exists); its stat after,
-        or None when it was left as it is: it no longer matches expect, the
-        row the plan saw (None: no file). guard: the workspace's kernel_path."""
+        or None when it was left as it is: it no longer is what the plan saw,
+        expect (see check_expected). guard: the workspace's kernel_path."""
         _kind, sha, _size, mode, _mtime = target[rel]
-        expect = expected_row(expect, journal.relinked)
         st = lstat_or_none(full)
         if st is not None and stat_mod.S_ISDIR(st.st_mode) and expect is None:
             rmdir_within(full, guard)  # only an empty directory may give way to a file
@@ -7324,12 +7372,11 @@ class Checkpoints:
         try:
             check_expected(st, expect, full)
             if st is not None and st.st_nlink > 1:
-                journal.relinked.add((st.st_dev, st.st_ino))  # replacing it moves their ctime
                 raise PermissionError("hard-linked")  # writing through would change the other names
             return payloads.write_over(sha, full, mode, within=guard, exists=st is not None,
                                        expect=expect)
         except ChangedMeanwhile:
-            journal.untouched.add(rel)
+            journal.leave(rel)
             return None
         except PermissionError:  # read-only or hard-linked: replace the name instead
             return replace_through(journal.temp_name(full), full, rel, guard,
@@ -7787,7 +7834,7 @@ class Checkpoints:
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
-        return recovered, sorted(journal.untouched)
+        return recovered, journal.left
 
     def _import_plan(self, ws, package, desc, pre, history):
         """The import's journal, not yet begun, with what it must know: the
@@ -7850,10 +7897,11 @@ class Checkpoints:
         def place(item):
             rel = item["path"]
             try:
-                st = self._import_place(ws, journal, rel, fulls[rel], pre.rows.get(rel),
+                st = self._import_place(ws, journal, rel, fulls[rel],
+                                        seen_as(pre.rows.get(rel)),
                                         lambda dest, expect: write(item, dest, expect))
             except ChangedMeanwhile:  # the next scan reads what is there now
-                journal.untouched.add(rel)
+                journal.leave(rel)
                 return None
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
@@ -7862,7 +7910,7 @@ class Checkpoints:
         for item, row in zip(desc["files"], in_parallel(place, desc["files"])):
             if row is not None:
                 rows[item["path"]] = row
-        left = journal.untouched
+        left = set(journal.left)
         # The records, any content another thread of this import stored
         # meanwhile and the state's bytes are made durable in one batch.
         later = []
@@ -7915,10 +7963,9 @@ class Checkpoints:
         content and returns the written file's stat) and return that stat.
         A link there is refused, an empty folder gives way, and a file with
         other links or without write permission is replaced through a
-        staging name, so no other link sees the new content. expect: the
-        row the import's snapshot has for it (None: no file);
+        staging name, so no other link sees the new content. expect: what
+        the import's snapshot saw there (see check_expected);
         ChangedMeanwhile, with nothing written, when it no longer matches."""
-        expect = expected_row(expect, journal.relinked)
         st = lstat_or_none(full)
         if st is not None and stat_mod.S_ISLNK(st.st_mode):
             raise UnsafePath("path %r is a symlink" % rel)
@@ -7927,7 +7974,6 @@ class Checkpoints:
             st = None
         check_expected(st, expect, full)
         if st is not None and (st.st_nlink > 1 or not os.access(full, os.W_OK)):
-            journal.relinked.add((st.st_dev, st.st_ino))  # replacing it moves their ctime
             return replace_through(journal.temp_name(full), full, rel, ws.guard,
                                    lambda tmp: write(tmp, ANY_STATE))
         return write(full, expect)

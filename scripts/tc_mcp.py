@@ -350,7 +350,8 @@ TOOL_SPECS = {
                              max_length=PATH_LIMIT, min_length=1),
         }, ["root", "package"]),
         "output": s_out({"task_id": {"type": "string"}, "recovered": NULLABLE_STR,
-                         "skipped_paths": SKIPPED}, ["task_id"]),
+                         "skipped_paths": SKIPPED, "omitted": OMITTED},
+                        ["task_id", "recovered", "skipped_paths"]),
     },
     "tc_compress": {
         "description": "Reclaim space held by old drift records' content, and by content no "
@@ -868,14 +869,19 @@ def id_key(value):
 CANCEL_METHOD = "notifications/cancelled"
 
 
+ESCAPED_NAME_LINE_LIMIT = 4096  # a longer line is not parsed for an escaped spelling
+
+
 def may_name(raw, literal, word):
     """Whether a line can hold the JSON string literal (bytes, with its
-    quotes or not): spelt as it is, or with escapes (a JSON encoder may
-    write "/" as "\\/", any character as "\\uXXXX"). A cheap test that rules
-    most lines out before any parse; word is a run of the literal without "/"."""
+    quotes or not): spelt as it is, or, in a short line, with escapes (a
+    JSON encoder may write "/" as "\\/", any character as "\\uXXXX"). A
+    cheap test that rules most lines out before any parse; word is a run of
+    the literal without "/"."""
     if literal in raw:
         return True
-    return b"\\" in raw and (word in raw or b"\\u" in raw)
+    return (len(raw) <= ESCAPED_NAME_LINE_LIMIT and b"\\" in raw
+            and (word in raw or b"\\u" in raw))
 
 
 def cancelled_request(raw):

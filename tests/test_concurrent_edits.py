@@ -10,6 +10,7 @@ disk, through the real Journal.begin, so the moment is always the same.
 
 import hashlib
 import os
+import subprocess
 import sys
 import unittest
 
@@ -132,6 +133,66 @@ class EditsWhileWriting(WorkspaceTest):
         self.assertEqual(self.read("a.txt"), b"a at step 1\n")
         self.assertEqual(self.read("b.txt"), b"b at step 1\n")
         self.assertFalse(os.path.exists(os.path.join(self.root, "c.txt")))
+
+    def test_a_file_left_in_the_way_keeps_the_paths_it_blocks_out_too(self):
+        # Step 1 has a folder x; now x is a file, which is written meanwhile:
+        # x stays, so x/inside.txt cannot be written, and the rest goes on.
+        self.write("x/inside.txt", "in the folder at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "shapes")
+        self.cp.save(self.root, "one")
+        os.remove(os.path.join(self.root, "x", "inside.txt"))
+        os.rmdir(os.path.join(self.root, "x"))
+        self.write("x", "a file now\n")
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+        self.edit_once_the_journal_is_written({"x": b"the file, written meanwhile\n"})
+        res = self.cp.restore(self.root, index=1, apply=True)
+        self.assertEqual(sorted(item["path"] for item in res["skipped_paths"]),
+                         ["x", "x/inside.txt"])
+        self.assertEqual(self.read("x"), b"the file, written meanwhile\n")
+        self.assertEqual(self.read("plain.txt"), b"plain 1\n")
+
+    def test_a_crash_after_a_file_was_left_does_not_roll_it_back(self):
+        # The restore's process dies once it has written its files; the next
+        # process rolls it back, and leaves the file written meanwhile alone.
+        self.two_steps()
+        script = (
+            "import os, sys\n"
+            "sys.path.insert(0, %r)\n"
+            "import tc\n"
+            "begin = tc.Journal.begin\n"
+            "def edit(journal, *args, **kwargs):\n"
+            "    begin(journal, *args, **kwargs)\n"
+            "    with open(os.path.join(%r, 'replaced.txt'), 'wb') as fh:\n"
+            "        fh.write(b'written meanwhile\\n')\n"
+            "tc.Journal.begin = edit\n"
+            "tc.Checkpoints._record_drift = lambda *args, **kwargs: os._exit(9)\n"
+            "tc.Checkpoints(tc.Config(watch=False, git=False)).restore(%r, index=1, apply=True)\n"
+        ) % (support.SCRIPTS, self.root, self.root)
+        died = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+        self.assertEqual(died.returncode, 9, died.stderr)
+        self.assertEqual(self.read("plain.txt"), b"plain 1\n")  # the restore got that far
+        resumed = tc.Checkpoints(tc.Config(watch=False, git=False)).resume(self.root)
+        self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")  # rolled back
+        self.assertEqual(self.read("replaced.txt"), b"written meanwhile\n")  # left alone
+        self.assertEqual(resumed["drift_paths"], ["replaced.txt"])
+
+    def test_a_file_open_over_makes_passes_a_check_for_no_file(self):
+        # Also where the workspace guard is off (Windows): open_over knows
+        # whether it made the file, so "no file here" holds for one it made.
+        dest = os.path.join(self.root, "new.txt")
+        fh, _before = tc.open_over(dest, 0o644, expect=None)
+        with fh:
+            fh.write(b"new\n")
+        self.assertEqual(self.read("new.txt"), b"new\n")
+        gone = os.path.join(self.root, "gone.txt")
+        with self.assertRaises(tc.ChangedMeanwhile):
+            tc.open_over(gone, 0o644, expect=(4, 1))
+        self.assertFalse(os.path.exists(gone), "the file made for the check stays")
+        with self.assertRaises(tc.ChangedMeanwhile):
+            tc.open_over(dest, 0o644, expect=None)
+        self.assertEqual(self.read("new.txt"), b"new\n")
 
     def test_an_import_leaves_a_file_written_meanwhile_as_it_is(self):
         self.two_steps()

@@ -619,6 +619,21 @@ class SaveCutOffBeforeItsRefTest(GitCase):
         third = srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
         self.assertEqual(third["git"]["reason"], "no new step")
 
+    def test_without_a_dead_writer_a_missing_ref_stays_missing(self):
+        # A ref the user deleted, or one of a step saved with TC_GIT=off, is
+        # not written again by later saves.
+        make_git_repo(self.root)
+        self.write("a.txt", "one\n")
+        srv, task = self.start()
+        srv.ok("tc_save", root=self.root, title="one")
+        git(self.root, "update-ref", "-d", ref_of(task, 1))
+        self.write("a.txt", "two\n")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["git"]["ref"],
+                         ref_of(task, 2))
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="two")["git"]["reason"],
+                         "no new step")
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, 2)])
+
     def test_the_next_step_writes_the_missing_ref_first(self):
         task = self.cut_off_second_save()
         srv = self.server()
