@@ -100,9 +100,12 @@ SENSITIVE_FILES = (
     "service-account*", "service_account*", "*.serviceaccount.json", "firebase*",
     "appsettings*.json",
 )
-# Prefix globs that would also catch prose such as docs/secrets.md: they
-# apply only when the rest of the name has no extension or a config suffix.
-SENSITIVE_PREFIXES = ("credentials", "creds", "secret")
+# credentials* and creds* are among the specification's unambiguous names,
+# whatever follows. secret* would also take docs/secrets.md, which the same
+# specification leaves alone: it applies only with no extension or a config
+# suffix.
+SENSITIVE_PREFIXES = ("credentials", "creds")
+GUARDED_PREFIXES = ("secret",)
 AMBIGUOUS_SUBSTRINGS = ("secret", "password", "passwd", "credential", "api_key",
                         "apikey", "token", "auth_token")
 EXTENSIONLESS_SUBSTRINGS = AMBIGUOUS_SUBSTRINGS + ("mytoken", "creds")
@@ -1323,9 +1326,11 @@ class PathPolicy:
     def _classify_file(low):
         if SENSITIVE_FILES_GLOBS.match(low):
             return True
+        if low.startswith(SENSITIVE_PREFIXES):
+            return True
         stem, ext = _split_ext(low)
         config = ext in CONFIG_SUFFIX_SET
-        if (config or ext == "") and low.startswith(SENSITIVE_PREFIXES):
+        if (config or ext == "") and low.startswith(GUARDED_PREFIXES):
             return True
         if config and any(s in stem for s in AMBIGUOUS_SUBSTRINGS):
             return True

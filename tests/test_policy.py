@@ -176,6 +176,18 @@ class AmbiguousSubstringTest(TableMixin, unittest.TestCase):
                  "src/api_key_loader.py", "lib/credential_helper.rb", "tests/test_tokens.py"]
         self.check_table(policy().sensitive, paths, False, "sensitive")
 
+    def test_credentials_and_creds_prefixes_whatever_follows(self):
+        # Unambiguous in the specification: any extension, any rest of the name.
+        paths = ["credentials.csv", "credentials.py", "creds.py", "creds.md",
+                 "credentials.md", "aws/credentials_backup.tar", "credsfile.bin"]
+        self.check_table(policy().sensitive, paths, True, "sensitive")
+
+    def test_secret_prefix_only_without_an_extension_or_with_a_config_suffix(self):
+        self.check_table(policy().sensitive, ["secret", "secret.env", "secrets.yaml",
+                                              "secret_key"], True, "sensitive")
+        self.check_table(policy().sensitive, ["docs/secrets.md", "secret_sauce.py"], False,
+                         "sensitive")
+
     def test_blocked_without_an_extension(self):
         paths = ["mytoken", "creds", "my_creds", "bin/mytoken", "db_password", "app_secret"]
         self.check_table(policy().sensitive, paths, True, "sensitive")
