@@ -6190,8 +6190,26 @@ class Checkpoints:
         if ws.task_id is None and os.path.isdir(store.directory):
             ws.task_id = store.read_current().get(root)
         if ws.task_id is None:
-            raise NotFound("no active task for %r: start one with tc_init" % root)
+            raise self._no_active_task(root, store.directory)
         return self._read_task_state(ws, lenient)
+
+    def _no_active_task(self, root, store_dir):
+        """The error for a workspace with no active task in store_dir. When
+        TC_STORE chose that store and the workspace's own store holds its
+        tasks, it says where they are, since tc_init would refuse too."""
+        plain = NotFound("no active task for %r: start one with tc_init" % root)
+        if not self.config.store:
+            return plain
+        try:
+            own = self.own_store_dir(root)
+        except CheckpointError:
+            return plain
+        kept = tasks_kept_for(own, root)[0] if own != store_dir else []
+        if not kept:
+            return plain
+        return NotFound("no active task for %r in the store %r that TC_STORE names; the "
+                        "workspace's tasks (%s) are in %r: unset TC_STORE, or set it to that "
+                        "store, to reach them" % (root, store_dir, ", ".join(kept[:5]), own))
 
     @staticmethod
     def _read_task_state(ws, lenient=False):

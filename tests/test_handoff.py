@@ -1023,6 +1023,21 @@ class StoreTest(HandoffBase):
             store, "tasks", init["task_id"], "steps", "s0002.json")))
         self.assertFalse(os.path.exists(os.path.join(self.root, ".checkpoints")))
 
+    def test_a_tc_store_elsewhere_says_where_the_workspaces_tasks_are(self):
+        self.write("a.txt", "a\n")
+        srv = self.server()
+        task = srv.ok("tc_init", root=self.root, name="own store")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        other = os.path.join(self.other_dir("tc-store-"), "store")
+        elsewhere = self.server(env={"TC_STORE": other})
+        for tool, args in (("tc_resume", {}), ("tc_save", {"title": "two"})):
+            res = elsewhere.call(tool, root=self.root, **args)
+            self.assertTrue(res.is_error, res)
+            self.assertIn(task, res.text)
+            self.assertIn(os.path.join(self.root, ".checkpoints"), res.text)
+            self.assertIn("unset TC_STORE", res.text)
+        self.assertFalse(os.path.exists(other))
+
     def test_store_equal_to_root_is_refused(self):
         self.write("a.txt", "a\n")
         srv = self.server()
