@@ -1487,7 +1487,7 @@ def install_skill(directory, force):
 def build_parser():
     import argparse  # only for a command line with options
     parser = argparse.ArgumentParser(
-        prog="tc-mcp",
+        prog="tc-mcp", allow_abbrev=False,
         description="task-checkpoint-mcp: checkpoints for long agent tasks, as a stdio MCP "
                     "server. With no option it serves MCP on stdin/stdout.",
         epilog="Environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_WATCH_EVENTS, "
@@ -1504,11 +1504,25 @@ def build_parser():
     return parser
 
 
+SWITCHES = ("--version", "--print-skill", "--skill-path", "--force", "--help")
+
+
+def split_switch_values(argv):
+    """(argv, unknown): a switch given a value (--version=2), which argparse
+    would stop on, is an unrecognised argument like any other."""
+    kept, unknown = [], []
+    for arg in argv:
+        (unknown if arg.partition("=")[0] in SWITCHES and "=" in arg else kept).append(arg)
+    return kept, unknown
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
         return run_stdio()
+    argv, odd = split_switch_values(argv)
     args, unknown = build_parser().parse_known_args(argv)
+    unknown = odd + unknown
     if unknown:
         print("tc-mcp: ignoring unrecognised argument(s): %s" % " ".join(unknown),
               file=sys.stderr)

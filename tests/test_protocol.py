@@ -406,6 +406,16 @@ class CommandLineTest(unittest.TestCase):
         self.assertEqual(proc.stdout.decode().strip(), "task-checkpoint-mcp 0.1.0")
         self.assertIn("ignoring unrecognised argument(s): --bogus", err)
 
+    def test_shortened_flags_and_switches_given_values_are_unrecognised_too(self):
+        # Neither may turn a client's extra argument into a run of another flag
+        # or a failed start.
+        for args in (["--ver"], ["--s"], ["--pr"], ["--in", "somewhere"], ["--version=2"],
+                     ["--force=yes"], ["--help=me"]):
+            proc, err = self.start(args)
+            self.assertEqual(proc.returncode, 0, (args, err))
+            self.assertEqual(json.loads(proc.stdout)["result"], {}, args)
+            self.assertIn("ignoring unrecognised argument(s): %s" % " ".join(args), err)
+
     def test_environment_values_it_does_not_take_are_named(self):
         proc, err = self.start(env={"TC_GIT": "disabled", "TC_WATCH_INTERVAL": "abc",
                                     "TC_WORK_THREADS": "32", "TC_SHA_REUSE": "YES",
