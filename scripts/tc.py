@@ -1180,7 +1180,9 @@ def find_upwards(path, predicate):
 
 
 def validate_abs_dir(value, name):
-    if not isinstance(value, str) or not value or "\x00" in value:
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidArgument("%s must not contain a NUL character" % name)
+    if not isinstance(value, str) or not value:
         raise InvalidArgument("%s must be an absolute path" % name)
     if not os.path.isabs(value):
         raise InvalidArgument("%s %r is not an absolute path" % (name, value))
@@ -1201,6 +1203,10 @@ def validate_task_id(task_id, name="task_id", *, new=False):
 def validate_drift_id(drift_id):
     if not isinstance(drift_id, str) or not DRIFT_ID.match(drift_id):
         raise InvalidArgument("drift_id %r is not a drift id of the form dNNNN" % (drift_id,))
+    if len(drift_id) > 5 and drift_id[1] == "0":  # records are named d%04d: one name each
+        raise InvalidArgument("drift_id %r is not a drift id: they are written d0001 ... "
+                              "d9999, d10000 ..., without further leading zeros"
+                              % (drift_id[:40],))
     return drift_id
 
 
@@ -1292,6 +1298,9 @@ class PathPolicy:
         for pattern in patterns:
             if not isinstance(pattern, str) or not pattern.strip():
                 raise InvalidArgument("exclude pattern %r is empty" % (pattern,))
+            if "\x00" in pattern:
+                raise InvalidArgument("exclude pattern %r contains a NUL character, which no "
+                                      "name can hold" % pattern)
             if "/" in pattern or "\\" in pattern:
                 raise InvalidArgument(
                     "exclude pattern %r contains a path separator; patterns match a "
@@ -6153,7 +6162,9 @@ class Checkpoints:
 
     @staticmethod
     def _checked_store_path(root, store, name):
-        if not isinstance(store, str) or "\x00" in store or not os.path.isabs(store):
+        if isinstance(store, str) and "\x00" in store:
+            raise InvalidArgument("%s %r must not contain a NUL character" % (name, store))
+        if not isinstance(store, str) or not os.path.isabs(store):
             raise InvalidArgument("%s %r must be an absolute path" % (name, store))
         real = os.path.realpath(store)
         if real == root:

@@ -1485,6 +1485,22 @@ class ValidationTest(ToolsTest):
         self.write("a.txt", "y\n")
         self.assertEqual(self.save("two")["status"], "open")
 
+    def test_nul_characters_and_second_spellings_of_drift_ids_are_named(self):
+        self.write("a.txt", "x\n")
+        res = self.refused("tc_init", root=self.root, name="n", store=self.tmp + "/s\x00x")
+        self.assertIn("must not contain a NUL character", res.text)
+        res = self.refused("tc_init", root=self.root, name="n", exclude=["lo\x00g"])
+        self.assertIn("NUL", res.text)
+        self.assertFalse(os.path.exists(self.store))
+        self.init()
+        self.save("one")
+        self.assertEqual(self.ok("tc_restore", root=self.root, drift_id="d0001")["target"],
+                         "d0001")
+        res = self.refused("tc_restore", root=self.root, drift_id="d00001")
+        self.assertIn("without further leading zeros", res.text)
+        res = self.refused("tc_export", root=self.root, to="/tmp\x00x")
+        self.assertIn("must not contain a NUL character", res.text)
+
     def test_bad_task_ids_are_refused_before_touching_disk(self):
         task_id = self.init()["task_id"]
         self.write("a.txt", "x\n")
