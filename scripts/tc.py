@@ -7907,13 +7907,39 @@ class Checkpoints:
 
     def _import_apply(self, ws, journal, package, desc, pre, overwritten, fulls):
         """Write the package's files (paths checked by the caller, fulls: rel ->
-        absolute path; the last component is opened without following a link)."""
+        absolute path; the last component is opened without following a link),
+        then the task's records."""
         payloads = ws.store.payloads
         rows = dict(pre.rows)
+        rows.update(self._import_files(ws, journal, package, desc, pre, fulls))
+        left = set(journal.left)
+        # The records, any content another thread of this import stored
+        # meanwhile and the state's bytes are made durable in one batch.
+        later = []
+        state = self._import_records(ws, desc, later)
+        recovered = None
+        overwritten = [rel for rel in overwritten if rel not in left]
+        if overwritten:
+            new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries) - left)
+            recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
+                                           lists=([], overwritten, new_paths),
+                                           reason="workspace before the import",
+                                           later=later, unseen=pre.unseen)["id"]
+        written = {item["path"] for item in desc["files"]} - left
+        self._keep_index(ws, self._index_after_writes(
+            ws, rows, written, pre.stamp_ns, written.intersection(pre.entries)), whole=True)
+        ws.records.write_state_with(state, lambda staged: payloads.flush_with(later + staged))
+        self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
+        return recovered
+
+    def _import_files(self, ws, journal, package, desc, pre, fulls):
+        """Store the package's new content, then write its files into the
+        workspace; {rel: index row} of each file written. A file something
+        else wrote since the snapshot pre is left as it is (Journal.leave)."""
+        payloads = ws.store.payloads
         made = set()
         for item in desc["files"]:
             ensure_dir(os.path.dirname(fulls[item["path"]]), made, ws.guard)
-        made = None
 
         def package_file(item):
             # Checked in load_package; opened without following a link.
@@ -7941,28 +7967,9 @@ class Checkpoints:
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
 
-        for item, row in zip(desc["files"], in_parallel(place, desc["files"])):
-            if row is not None:
-                rows[item["path"]] = row
-        left = set(journal.left)
-        # The records, any content another thread of this import stored
-        # meanwhile and the state's bytes are made durable in one batch.
-        later = []
-        state = self._import_records(ws, desc, later)
-        recovered = None
-        overwritten = [rel for rel in overwritten if rel not in left]
-        if overwritten:
-            new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries) - left)
-            recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
-                                           lists=([], overwritten, new_paths),
-                                           reason="workspace before the import",
-                                           later=later, unseen=pre.unseen)["id"]
-        written = {item["path"] for item in desc["files"]} - left
-        self._keep_index(ws, self._index_after_writes(
-            ws, rows, written, pre.stamp_ns, written.intersection(pre.entries)), whole=True)
-        ws.records.write_state_with(state, lambda staged: payloads.flush_with(later + staged))
-        self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
-        return recovered
+        return {item["path"]: row for item, row in zip(desc["files"],
+                                                      in_parallel(place, desc["files"]))
+                if row is not None}
 
     @staticmethod
     def _import_store_content(payloads, desc, package_file):
