@@ -3301,7 +3301,9 @@ class Journal:
         if _inside(store.directory, root):  # the workspace is wherever its store is
             self.data["store_rel"] = os.path.relpath(store.directory, root)
         self.started = False
-        self._left = set()  # see leave
+        self._left = {}  # rel -> why it is left as it is (see leave)
+        self._touched = set()  # paths the operation began to change (see touch)
+        self._done = {}  # rel -> (size, mtime) it was left with, None once removed
         self._left_lock = threading.Lock()
 
     def add_entry(self, rel, before, after=None):
@@ -3371,18 +3373,34 @@ class Journal:
         fsync_dir(os.path.dirname(self.directory))
         remove_empty_dir(os.path.dirname(self.directory))
 
-    def leave(self, rel):
-        """Note that the operation leaves rel as it is (something else wrote
-        it after the plan was made): no rollback puts it back, in this
-        process or after a crash. Durable before the operation goes on."""
+    def touch(self, rel):
+        """Note, before the operation changes rel in the workspace, that it
+        does: an in-process rollback puts back only such paths, so that a
+        file the operation never reached keeps whatever another program
+        wrote to it meanwhile."""
+        with self._left_lock:
+            self._touched.add(rel)
+
+    def done(self, rel, st):
+        """Note that the operation has written rel (st: its stat after) or
+        removed it (st None); see rollback."""
+        with self._left_lock:
+            self._done[rel] = None if st is None else (st.st_size, st.st_mtime_ns)
+
+    def leave(self, rel, reason=None):
+        """Note that the operation leaves rel as it is (by default: another
+        program wrote it after the plan was made): no rollback puts it back,
+        in this process or after a crash. Durable before the operation goes
+        on; each line starts a line of its own, so one a crash cut short
+        spoils no other."""
         with self._left_lock:
             if rel in self._left:
                 return
-            self._left.add(rel)
+            self._left[rel] = reason or CHANGED_MEANWHILE_TEXT % self.data["op"]
             path = os.path.join(self.directory, LEFT_LIST_NAME)
             new = not os.path.exists(path)
             with open(path, "ab") as fh:
-                fh.write(json.dumps(rel).encode("ascii") + b"\n")
+                fh.write(b"\n" + json.dumps(rel).encode("ascii") + b"\n")
                 fh.flush()
                 os.fsync(fh.fileno())
             if new:
@@ -3394,8 +3412,28 @@ class Journal:
         with self._left_lock:
             return sorted(self._left)
 
+    def left_paths(self):
+        """[{"path", "reason"}] of the paths the operation left as they are."""
+        with self._left_lock:
+            return [{"path": rel, "reason": self._left[rel]} for rel in sorted(self._left)]
+
     def rollback(self):
-        return rollback_journal(self.store, self.directory, self.data, left=self.left)
+        """Roll back in this process, after a failure: only the paths the
+        operation began to change, keeping first what another program wrote
+        since to one it had finished with (see _keep_edits); what the
+        operation itself left half written is not kept."""
+        with self._left_lock:
+            touched, done = set(self._touched), dict(self._done)
+        root = os.path.realpath(self.data["root"])
+        edited = set()
+        for rel, was in done.items():
+            st = lstat_or_none(os.path.join(root, *rel.split("/")))
+            if (None if st is None else (st.st_size, st.st_mtime_ns)) != was:
+                edited.add(rel)
+        data = dict(self.data, entries=[entry for entry in self.data["entries"]
+                                        if entry[0] in touched])
+        return rollback_journal(self.store, self.directory, data, keep_edits=edited,
+                                left=self.left)
 
 
 def path_length_limit(directory):
@@ -3508,8 +3546,10 @@ def read_left_list(directory):
 def rollback_journal(store, directory, data=None, *, keep_edits=False, left=()):
     """Undo an operation described by a journal; safe to run more than once.
     Returns the workspace paths that could not be put back (see
-    _rollback_workspace). keep_edits: the operation died (found at a later
-    lock), so files may have been edited since; see _keep_edits. The paths
+    _rollback_workspace). keep_edits: True when the operation died (found
+    at a later lock), so files may have been edited since (see
+    _keep_edits); or the paths to check so, of an operation that failed in
+    this process. The paths
     the operation left as they were (left, and those its journal lists) are
     not the rollback's to touch."""
     if data is None:
@@ -3681,7 +3721,8 @@ def _rollback_workspace(store, data, keep_edits=False):
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
-    edited, leave = _keep_edits(store, data, root, guard) if keep_edits else ({}, set())
+    edited, leave = (_keep_edits(store, data, root, guard, keep_edits) if keep_edits
+                     else ({}, set()))
     _remove_what_was_made(data, root, guard, leave)
     kept, not_back = _put_back_all(store, data, root, guard, leave)
     if kept:
@@ -3757,7 +3798,7 @@ def _put_back_all(store, data, root, guard, leave):
     return kept, not_back
 
 
-def _keep_edits(store, data, root, guard):
+def _keep_edits(store, data, root, guard, which=True):
     """Before a rollback changes anything: store what each journaled file
     holds when it is neither what it held before the operation nor what the
     operation wrote there, and list it in kept/<op_id>.json (flushed first),
@@ -3767,11 +3808,12 @@ def _keep_edits(store, data, root, guard):
     after the sha the operation wrote (None where it deleted the file); a
     plan of an older version has no after, and nothing is kept for it.
     A file now over MAX_CONTENT_BYTES (whose content is never stored) is
-    not kept: the rollback leaves it where it is. Returns ({rel: [sha,
-    mode]} of what was kept, {rel} of the files to leave)."""
+    not kept: the rollback leaves it where it is. which: True for every
+    entry, or the paths to check. Returns ({rel: [sha, mode]} of what was
+    kept, {rel} of the files to leave)."""
     edited, leave = {}, set()
     for entry in data["entries"]:
-        if len(entry) < 3:
+        if len(entry) < 3 or (which is not True and entry[0] not in which):
             continue
         rel, before, after = entry
         try:
@@ -3927,6 +3969,11 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
 
 
 CHANGED_MEANWHILE_TEXT = "changed by something else while the %s ran; left as it is"
+IN_THE_WAY_TEXT = ("a file left as it is, or made while the restore ran, stands where one "
+                   "of its folders must go (or inside the folder that must give way to it); "
+                   "left as it is")
+FOLDER_IN_THE_WAY_TEXT = ("a folder stands there that holds what no scan lists (an excluded "
+                          "or empty folder); move it away and restore again")
 
 
 def in_the_way(rel, left):
@@ -7250,8 +7297,7 @@ class Checkpoints:
             if apply:
                 recovered, left = self._apply_restore(ws, state, target, target_no, snap, plan,
                                                       head_after)
-                skipped = skipped + [{"path": rel, "reason": CHANGED_MEANWHILE_TEXT % "restore"}
-                                     for rel in left]
+                skipped = skipped + left
         self._watch(ws.root, ws.store)
         if apply and self.watcher:
             self.watcher.reset(ws.root)
@@ -7322,7 +7368,7 @@ class Checkpoints:
         except BaseException as exc:
             self._undo(journal, "restore", exc)
         journal.finish()
-        return drift["id"], left
+        return drift["id"], journal.left_paths()
 
     def _undo(self, journal, what, exc):
         try:
@@ -7369,11 +7415,13 @@ class Checkpoints:
         emptied = set()
         for rel in plan["to_delete"]:
             full = safe_workspace_path(ws.root, rel)
+            journal.touch(rel)
             try:
                 remove_within(full, ws.guard, expect=seen_as(rows[rel]))
             except ChangedMeanwhile:
                 journal.leave(rel)
                 continue
+            journal.done(rel, None)
             emptied.add(os.path.dirname(full))
         for folder in sorted(emptied, key=lambda f: -f.count(os.sep)):  # deepest first
             prune_empty_dirs(ws.root, folder, ws.guard)
@@ -7382,10 +7430,14 @@ class Checkpoints:
         left = set(journal.left)
         for rel in plan["to_write"] + plan["to_replace"]:
             if left and in_the_way(rel, left):
-                journal.leave(rel)
+                journal.leave(rel, IN_THE_WAY_TEXT)
                 continue
             full = safe_workspace_path(ws.root, rel, checked)
-            ensure_dir(os.path.dirname(full), made, ws.guard)
+            try:
+                ensure_dir(os.path.dirname(full), made, ws.guard)
+            except (FileExistsError, NotADirectoryError):  # a file made meanwhile stands there
+                journal.leave(rel, IN_THE_WAY_TEXT)
+                continue
             writes.append((rel, full))
         guard = ws.guard
         stats = in_parallel(lambda item: self._restore_file(
@@ -7399,22 +7451,31 @@ class Checkpoints:
         or None when it was left as it is: it no longer is what the plan saw,
         expect (see check_expected). guard: the workspace's kernel_path."""
         _kind, sha, _size, mode, _mtime = target[rel]
+        journal.touch(rel)
         st = lstat_or_none(full)
         if st is not None and stat_mod.S_ISDIR(st.st_mode) and expect is None:
-            rmdir_within(full, guard)  # only an empty directory may give way to a file
+            try:
+                rmdir_within(full, guard)  # only an empty directory may give way to a file
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                journal.leave(rel, FOLDER_IN_THE_WAY_TEXT)
+                return None
             st = None
         try:
             check_expected(st, expect, full)
             if st is not None and st.st_nlink > 1:
                 raise PermissionError("hard-linked")  # writing through would change the other names
-            return payloads.write_over(sha, full, mode, within=guard, exists=st is not None,
-                                       expect=expect)
+            after = payloads.write_over(sha, full, mode, within=guard, exists=st is not None,
+                                        expect=expect)
         except ChangedMeanwhile:
             journal.leave(rel)
             return None
         except PermissionError:  # read-only or hard-linked: replace the name instead
-            return replace_through(journal.temp_name(full), full, rel, guard,
-                                   lambda tmp: payloads.copy_out(sha, tmp, mode, within=guard))
+            after = replace_through(journal.temp_name(full), full, rel, guard,
+                                    lambda tmp: payloads.copy_out(sha, tmp, mode, within=guard))
+        journal.done(rel, after)
+        return after
 
     @staticmethod
     def _index_after_writes(ws, rows, written, scanned_ns, overwritten=()):
@@ -7843,9 +7904,7 @@ class Checkpoints:
                 self._release_caches(keep=store)
                 recovered, left = self._import_locked(ws, package, desc)
         self._watch(root, store)
-        return {"task_id": task_id, "recovered": recovered,
-                "skipped_paths": [{"path": rel, "reason": CHANGED_MEANWHILE_TEXT % "import"}
-                                  for rel in left]}
+        return {"task_id": task_id, "recovered": recovered, "skipped_paths": left}
 
     def _import_locked(self, ws, package, desc):
         """Journal, write and record an import; returns (the recovered drift
@@ -7868,7 +7927,7 @@ class Checkpoints:
         except BaseException as exc:
             self._undo(journal, "import", exc)
         journal.finish()
-        return recovered, journal.left
+        return recovered, journal.left_paths()
 
     def _import_plan(self, ws, package, desc, pre, history):
         """The import's journal, not yet begun, with what it must know: the
@@ -7963,6 +8022,7 @@ class Checkpoints:
             except ChangedMeanwhile:  # the next scan reads what is there now
                 journal.leave(rel)
                 return None
+            journal.done(rel, st)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
             return index_row(info, KIND_FILE, item["sha256"])
@@ -8007,6 +8067,7 @@ class Checkpoints:
         staging name, so no other link sees the new content. expect: what
         the import's snapshot saw there (see check_expected);
         ChangedMeanwhile, with nothing written, when it no longer matches."""
+        journal.touch(rel)
         st = lstat_or_none(full)
         if st is not None and stat_mod.S_ISLNK(st.st_mode):
             raise UnsafePath("path %r is a symlink" % rel)

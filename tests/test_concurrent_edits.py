@@ -9,6 +9,7 @@ disk, through the real Journal.begin, so the moment is always the same.
 """
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -177,6 +178,67 @@ class EditsWhileWriting(WorkspaceTest):
         self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")  # rolled back
         self.assertEqual(self.read("replaced.txt"), b"written meanwhile\n")  # left alone
         self.assertEqual(resumed["drift_paths"], ["replaced.txt"])
+
+    def test_a_failed_restore_keeps_what_was_written_over_its_own_writes(self):
+        # Another program saves a file after the restore wrote it; then the
+        # restore fails and is rolled back: that save is kept in the store.
+        self.two_steps()
+        original = tc.Checkpoints._record_drift
+
+        def editor_then_full_disk(cp, *args, **kwargs):
+            self.write("plain.txt", "the editor's save\n")
+            raise OSError(28, "No space left on device")
+
+        tc.Checkpoints._record_drift = editor_then_full_disk
+        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+        with self.assertRaises(tc.CheckpointError):
+            self.cp.restore(self.root, index=1, apply=True)
+        self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")  # rolled back
+        kept = os.listdir(os.path.join(self.store, "kept"))
+        self.assertEqual(len(kept), 1, kept)
+        with open(os.path.join(self.store, "kept", kept[0]), encoding="utf-8") as fh:
+            edited = json.load(fh)["edited"]
+        self.assertEqual(edited["plain.txt"][0], sha(b"the editor's save\n"))
+        digest = edited["plain.txt"][0]
+        with open(os.path.join(self.store, "payload", digest[:2], digest), "rb") as fh:
+            self.assertEqual(fh.read(), b"the editor's save\n")
+
+    def test_a_failed_import_leaves_alone_what_it_never_reached(self):
+        # An empty folder x, where the package has a file, gains a file: the
+        # import fails there and is rolled back; y.txt, which another program
+        # made meanwhile and the import never reached, stays.
+        self.write("x", "file x\n")
+        self.write("y.txt", "y from the package\n")
+        self.cp.init(self.root, "import")
+        self.cp.save(self.root, "one")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = self.cp.export(self.root, out)["path"]
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(os.path.join(other, "x"))
+        self.root = other
+        self.edit_once_the_journal_is_written({"x/new.txt": b"new inside x\n",
+                                               "y.txt": b"made meanwhile\n"})
+        with self.assertRaises(tc.CheckpointError):
+            self.cp.import_package(other, package)
+        self.assertEqual(self.read("y.txt"), b"made meanwhile\n")
+        self.assertEqual(self.read("x/new.txt"), b"new inside x\n")
+
+    def test_a_file_made_meanwhile_where_a_folder_must_go_is_left_with_it(self):
+        self.write("d/f.txt", "in d at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "made")
+        self.cp.save(self.root, "one")
+        os.remove(os.path.join(self.root, "d", "f.txt"))
+        os.rmdir(os.path.join(self.root, "d"))
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+        self.edit_once_the_journal_is_written({"d": b"a file made meanwhile\n"})
+        res = self.cp.restore(self.root, index=1, apply=True)
+        self.assertEqual([item["path"] for item in res["skipped_paths"]], ["d/f.txt"])
+        self.assertIn("stands where one of its folders must go", res["skipped_paths"][0]["reason"])
+        self.assertEqual(self.read("d"), b"a file made meanwhile\n")
+        self.assertEqual(self.read("plain.txt"), b"plain 1\n")
 
     def test_a_file_open_over_makes_passes_a_check_for_no_file(self):
         # Also where the workspace guard is off (Windows): open_over knows

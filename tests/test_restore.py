@@ -848,11 +848,16 @@ class FailedApply(RestoreTest):
             self.assertEqual(self.store_records(task_id), records)
             self.assertEqual(self.head(srv), head_before)
         else:
-            # The only other acceptable outcome: `d` was seen up front as
-            # unrestorable and everything else restored.
-            self.assertIn("d", paths_of(res["plan"]["unrestorable"]), res.data)
+            # The only other acceptable outcome: `d` is left as it is (seen up
+            # front as unrestorable, or when the restore got to it), named with
+            # the reason, and everything else restored.
+            reasons = {item["path"]: item["reason"]
+                       for item in res["plan"]["unrestorable"] + res["skipped_paths"]}
+            self.assertIn("d", reasons, res.data)
+            self.assertIn("folder", reasons["d"])
             self.assertEqual(self.read("d/node_modules/keep.js"), b"module.exports = 1;\n")
             self.assertEqual(self.read("a.txt"), b"a v1\n")
+            self.assertEqual(self.read("aa/deep/x.txt"), b"written before the obstacle is met\n")
         self.assert_health_ok(srv)
 
         # With the obstacle gone the same restore works.
