@@ -5744,8 +5744,10 @@ class Store:
         self._writing = False
         self._rollback_failures = {}  # journal folder -> error of its last rollback
         # A writer died since this process last looked: its last step may
-        # lack its git ref (see Checkpoints._save_git).
+        # lack its git ref; the tasks whose saves have checked since (see
+        # Checkpoints._save_git).
         self.writer_died = False
+        self.refs_checked = set()
 
     def task(self, task_id):
         records = self._tasks.get(task_id)
@@ -5936,7 +5938,7 @@ class Store:
         except FileNotFoundError:
             marked_ns = None
         if marked_ns is not None:
-            self.writer_died = True
+            self.writer_died, self.refs_checked = True, set()
             swept = sweep_temp_files(self.directory)
             if swept:
                 self.log("removed %d temporary file(s) left by an interrupted write" % swept)
@@ -6895,8 +6897,9 @@ class Checkpoints:
         also writes a ref that the step before its new one, or the head it
         repeats, lacks: the dead writer may have been cut off between a step
         and its ref."""
-        after_crash = ws.store.writer_died and self.git.enabled
-        ws.store.writer_died = False
+        after_crash = (ws.store.writer_died and self.git.enabled
+                       and ws.task_id not in ws.store.refs_checked)
+        ws.store.refs_checked.add(ws.task_id)  # each task checks once after a crash
         if step is not None:
             return self._git_ref(ws, step, catch_up=after_crash)
         if after_crash and result["idempotent"]:

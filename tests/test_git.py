@@ -580,13 +580,13 @@ class SaveCutOffBeforeItsRefTest(GitCase):
     """A server killed after a save recorded its step and before git made
     the step's ref: the next save writes the missing ref."""
 
-    def cut_off_second_save(self):
+    def cut_off_second_save(self, env=None):
         make_git_repo(self.root)
         self.write("a.txt", "one\n")
         reached, hold = (os.path.join(self.tmp, name) for name in ("reached", "hold"))
         write(self.tmp, "hold", "")
-        env = self.make_spy_git(on_commit_tree="touch '%s'; while [ -e '%s' ]; do sleep 0.02; "
-                                               "done" % (reached, hold))
+        env = dict(env or {}, **self.make_spy_git(
+            on_commit_tree="touch '%s'; while [ -e '%s' ]; do sleep 0.02; done" % (reached, hold)))
         srv, task = self.start(env=env)
         srv.ok("tc_save", root=self.root, title="one")
         self.write("a.txt", "two\n")
@@ -600,7 +600,8 @@ class SaveCutOffBeforeItsRefTest(GitCase):
         self.assertTrue(os.path.exists(reached), "the save never reached commit-tree")
         srv.kill()
         os.remove(hold)
-        self.assertTrue(os.path.exists(os.path.join(self.store, "tasks", task, "steps",
+        store = (env or {}).get("TC_STORE", self.store)
+        self.assertTrue(os.path.exists(os.path.join(store, "tasks", task, "steps",
                                                     "s0002.json")))
         self.assertEqual(checkpoint_refs(self.root), [ref_of(task, 1)])
         return task
@@ -618,6 +619,20 @@ class SaveCutOffBeforeItsRefTest(GitCase):
         # Once written, a repeat is the usual "no new step".
         third = srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
         self.assertEqual(third["git"]["reason"], "no new step")
+
+    def test_a_save_of_another_task_first_does_not_use_up_the_check(self):
+        # Two workspaces share a store; the server that finds the dead
+        # writer saves the other workspace's task first.
+        shared = {"TC_STORE": os.path.join(self.tmp, "shared-store")}
+        task = self.cut_off_second_save(env=shared)
+        other = os.path.join(self.tmp, "other")
+        write(other, "b.txt", "b\n")
+        srv = self.server(env=shared)
+        srv.ok("tc_init", root=other, name="other workspace")
+        srv.ok("tc_save", root=other, title="other one")
+        self.write("a.txt", "three\n")
+        srv.ok("tc_save", root=self.root, title="three")
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, n) for n in (1, 2, 3)])
 
     def test_without_a_dead_writer_a_missing_ref_stays_missing(self):
         # A ref the user deleted, or one of a step saved with TC_GIT=off, is
