@@ -5447,6 +5447,17 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=
     return "\n".join(lines)
 
 
+def sensitive_now(entries, policy):
+    """entries with every stored file that policy now takes for sensitive
+    shown as a sensitive one (no content, no hash): a record made under an
+    older list must not carry such a file's content into a package, which
+    every workspace then refuses (refuse_foreign_paths)."""
+    now = {rel: manifest_entry(KIND_SENSITIVE, None, entry[2], entry[3], entry[4])
+           for rel, entry in entries.items()
+           if entry[0] == KIND_FILE and policy.sensitive(rel)}
+    return dict(entries, **now) if now else entries
+
+
 def handoff_markdown(desc, left_out=()):
     """HANDOFF.md of a package; left_out: the paths that had changed in the
     sender's workspace since the packed step, so are not in the package."""
@@ -7851,6 +7862,7 @@ class Checkpoints:
     def _export_files(self, ws, entries, directory):
         files, filtered = [], []
         payloads = ws.store.payloads
+        entries = sensitive_now(entries, self._policy(ws))
         longest = path_length_limit(os.path.dirname(directory))
         for rel, (kind, sha, size, mode, _m) in sorted(entries.items()):
             if kind == KIND_SENSITIVE:
@@ -7871,13 +7883,14 @@ class Checkpoints:
 
     def _export_history(self, ws, directory):
         """Every step's record and full manifest, and each needed content once."""
+        policy = self._policy(ws)
         steps = []
         payloads = ws.store.payloads
         written, made = set(), set()
         for number in ws.records.step_numbers():
             check_cancelled()
             step = ws.records.read_step(number)
-            entries = ws.records.manifests.load(step["manifest"])
+            entries = sensitive_now(ws.records.manifests.load(step["manifest"]), policy)
             for kind, sha, _size, mode, _m in entries.values():
                 if kind == KIND_FILE and sha not in written and payloads.has(sha):
                     copy_tree_file(payloads, sha, os.path.join(directory, "payload", sha), 0o644,

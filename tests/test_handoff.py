@@ -19,7 +19,10 @@ import time
 import unittest
 
 from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, keeps_mode_bits,
-                     path_max, snapshot, tree_listing, write)
+                     path_max, read, snapshot, tree_listing, write)
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 NOISE = ("server.log",)
 
@@ -397,6 +400,39 @@ class ExportImportTest(HandoffBase):
         for index in (1, 2, 3, 1):
             dst.ok("tc_restore", root=target, index=index, apply=True)
             self.assertEqual(file_bytes(target), states[index], "step %d" % index)
+
+
+class NewerSensitiveListTest(HandoffBase):
+    """Steps recorded while the sensitive list did not take a name (an
+    older version) hold its content; an export made now leaves it out, as
+    every workspace now refuses a package that would write it."""
+
+    def test_a_file_sensitive_by_the_list_of_now_is_filtered_from_the_package(self):
+        classify = tc.PathPolicy._classify_file
+        tc.PathPolicy._classify_file = staticmethod(
+            lambda low: False if low == "credentials.md" else classify(low))
+        self.addCleanup(setattr, tc.PathPolicy, "_classify_file", staticmethod(classify))
+        self.write("credentials.md", "how to rotate the keys\n")
+        self.write("main.py", "print(1)\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "older list")
+        cp.save(self.root, "one")
+        tc.PathPolicy._classify_file = staticmethod(classify)
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))  # a server of this version
+        for history in (False, True):
+            out = self.other_dir("tc-out-")
+            exported = cp.export(self.root, out, history=history)
+            self.assertIn({"path": "credentials.md", "reason": "sensitive"},
+                          exported["filtered"])
+            self.assertNotIn("credentials.md", exported["files"])
+            for _dir, _dirs, names in os.walk(exported["path"]):
+                for name in names:
+                    with open(os.path.join(_dir, name), "rb") as fh:
+                        self.assertNotIn(b"rotate the keys", fh.read(), name)
+            other = self.other_dir("tc-in-")
+            cp.import_package(other, exported["path"])
+            self.assertEqual(read(other, "main.py"), b"print(1)\n")
+            self.assertFalse(os.path.exists(os.path.join(other, "credentials.md")))
 
 
 class LongPathTest(HandoffBase):
