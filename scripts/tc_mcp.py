@@ -1505,6 +1505,16 @@ def build_parser():
 
 
 SWITCHES = ("--version", "--print-skill", "--skill-path", "--force", "--help")
+OPTIONS = SWITCHES + ("--install-skill",)
+
+
+def parse_known(parser, argv):
+    """parser.parse_known_args, raising ValueError where argparse would
+    print an error and exit (-hx, -help: the short -h with more letters)."""
+    def refuse(message):
+        raise ValueError(message)
+    parser.error = refuse
+    return parser.parse_known_args(argv)
 
 
 def split_switch_values(argv):
@@ -1521,7 +1531,13 @@ def main(argv=None):
     if not argv:
         return run_stdio()
     argv, odd = split_switch_values(argv)
-    args, unknown = build_parser().parse_known_args(argv)
+    try:
+        args, unknown = parse_known(build_parser(), argv)
+    except ValueError as exc:
+        if any(arg.partition("=")[0] in OPTIONS for arg in argv):  # a person's command
+            print("tc-mcp: %s" % exc, file=sys.stderr)
+            return 2
+        args, unknown = build_parser().parse_known_args([])[0], argv
     unknown = odd + unknown
     if unknown:
         print("tc-mcp: ignoring unrecognised argument(s): %s" % " ".join(unknown),

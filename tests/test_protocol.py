@@ -410,7 +410,8 @@ class CommandLineTest(unittest.TestCase):
         # Neither may turn a client's extra argument into a run of another flag
         # or a failed start.
         for args in (["--ver"], ["--s"], ["--pr"], ["--in", "somewhere"], ["--version=2"],
-                     ["--force=yes"], ["--help=me"]):
+                     ["--force=yes"], ["--help=me"], ["-hx"], ["-help"], ["-h=1"],
+                     ["-hostname", "x"]):
             proc, err = self.start(args)
             self.assertEqual(proc.returncode, 0, (args, err))
             self.assertEqual(json.loads(proc.stdout)["result"], {}, args)
