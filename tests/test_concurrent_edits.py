@@ -50,6 +50,19 @@ class EditsWhileWriting(WorkspaceTest):
         tc.Journal.begin = begin
         self.addCleanup(setattr, tc.Journal, "begin", original)
 
+    def fail_when_recording(self, first=None):
+        """The restore's own record meets a full disk, once its files are
+        written (and after first(), when given)."""
+        original = tc.Checkpoints._record_drift
+
+        def full_disk(cp, *args, **kwargs):
+            if first is not None:
+                first()
+            raise OSError(28, "No space left on device")
+
+        tc.Checkpoints._record_drift = full_disk
+        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+
     def two_steps(self):
         """Step 1 and step 2 differ in replaced.txt, deleted.txt (only in
         step 2) and written.txt (only in step 1); plain.txt too."""
@@ -101,13 +114,7 @@ class EditsWhileWriting(WorkspaceTest):
     def test_a_failed_restore_rolls_back_around_a_file_written_meanwhile(self):
         self.two_steps()
         self.edit_once_the_journal_is_written({"replaced.txt": b"meanwhile\n"})
-        original = tc.Checkpoints._record_drift
-
-        def full_disk(cp, *args, **kwargs):
-            raise OSError(28, "No space left on device")
-
-        tc.Checkpoints._record_drift = full_disk
-        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+        self.fail_when_recording()
         with self.assertRaises(tc.CheckpointError) as caught:
             self.cp.restore(self.root, index=1, apply=True)
         self.assertIn("nothing was changed", str(caught.exception))
@@ -183,14 +190,7 @@ class EditsWhileWriting(WorkspaceTest):
         # Another program saves a file after the restore wrote it; then the
         # restore fails and is rolled back: that save is kept in the store.
         self.two_steps()
-        original = tc.Checkpoints._record_drift
-
-        def editor_then_full_disk(cp, *args, **kwargs):
-            self.write("plain.txt", "the editor's save\n")
-            raise OSError(28, "No space left on device")
-
-        tc.Checkpoints._record_drift = editor_then_full_disk
-        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+        self.fail_when_recording(first=lambda: self.write("plain.txt", "the editor's save\n"))
         with self.assertRaises(tc.CheckpointError):
             self.cp.restore(self.root, index=1, apply=True)
         self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")  # rolled back
