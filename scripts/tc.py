@@ -3382,10 +3382,19 @@ class Journal:
             self._touched.add(rel)
 
     def done(self, rel, st):
-        """Note that the operation has written rel (st: its stat after) or
-        removed it (st None); see rollback."""
+        """Note that the operation is through with rel: written (st: its stat
+        after), removed (st None), or given up on with what a failed write
+        left there (st: its stat then); see rollback."""
         with self._left_lock:
             self._done[rel] = None if st is None else (st.st_size, st.st_mtime_ns)
+
+    def failed_on(self, rel, full):
+        """done(), for a write of full that failed: what it left there, so a
+        rollback tells a later write by another program from its own."""
+        try:
+            self.done(rel, lstat_or_none(full))
+        except OSError:  # nothing to tell by: the rollback takes it for its own
+            pass
 
     def leave(self, rel, reason=None):
         """Note that the operation leaves rel as it is (by default: another
@@ -3419,21 +3428,23 @@ class Journal:
 
     def rollback(self):
         """Roll back in this process, after a failure: only the paths the
-        operation began to change, keeping first what another program wrote
-        since to one it had finished with (see _keep_edits); what the
-        operation itself left half written is not kept."""
+        operation began to change. One that another program wrote after the
+        operation was through with it stays as that program left it; what
+        it held before the operation stays in the store (kept/), and it is
+        named among the paths not put back."""
         with self._left_lock:
             touched, done = set(self._touched), dict(self._done)
         root = os.path.realpath(self.data["root"])
-        edited = set()
+        rewritten = set()
         for rel, was in done.items():
-            st = lstat_or_none(os.path.join(root, *rel.split("/")))
+            try:
+                st = lstat_or_none(os.path.join(root, *rel.split("/")))
+            except OSError:
+                continue
             if (None if st is None else (st.st_size, st.st_mtime_ns)) != was:
-                edited.add(rel)
-        data = dict(self.data, entries=[entry for entry in self.data["entries"]
-                                        if entry[0] in touched])
-        return rollback_journal(self.store, self.directory, data, keep_edits=edited,
-                                left=self.left)
+                rewritten.add(rel)
+        return rollback_journal(self.store, self.directory, self.data, left=self.left,
+                                only=touched, rewritten=rewritten)
 
 
 def path_length_limit(directory):
@@ -3543,15 +3554,17 @@ def read_left_list(directory):
     return left
 
 
-def rollback_journal(store, directory, data=None, *, keep_edits=False, left=()):
+def rollback_journal(store, directory, data=None, *, keep_edits=False, left=(), only=None,
+                     rewritten=()):
     """Undo an operation described by a journal; safe to run more than once.
     Returns the workspace paths that could not be put back (see
-    _rollback_workspace). keep_edits: True when the operation died (found
-    at a later lock), so files may have been edited since (see
-    _keep_edits); or the paths to check so, of an operation that failed in
-    this process. The paths
+    _rollback_workspace). keep_edits: the operation died (found at a later
+    lock), so files may have been edited since; see _keep_edits. The paths
     the operation left as they were (left, and those its journal lists) are
-    not the rollback's to touch."""
+    not the rollback's to touch. For an operation that failed in this
+    process: only, the paths it began to change (the others are as they
+    were, or as another program left them); rewritten, those another
+    program wrote after it, which stay as they are."""
     if data is None:
         try:
             data = read_json(os.path.join(directory, "plan.json"))
@@ -3569,13 +3582,15 @@ def rollback_journal(store, directory, data=None, *, keep_edits=False, left=()):
             "the workspace %r of an interrupted %s is not there (its disk is not mounted?): "
             "its rollback waits until it is back. To give up that rollback, and the unsaved "
             "edits it would put back, delete %r" % (data["root"], data["op"], directory))
+    undo = data if only is None else dict(
+        data, entries=[entry for entry in data["entries"] if entry[0] in only])
     if there == "here":
-        stranded, not_back = _rollback_workspace(store, data, keep_edits)
+        stranded, not_back = _rollback_workspace(store, undo, keep_edits, rewritten)
     else:
         stranded = _keep_undo_content(store, data)
     _rollback_records(store, directory, data)
     if there == "here":
-        _settle_put_back_rows(store, data, not_back)
+        _settle_put_back_rows(store, undo, not_back)
     # Workspace and records are back: drop the plan, so a crash from here on
     # leaves at most unreferenced content, never a rollback that cannot finish.
     remove_file(os.path.join(directory, "plan.json"))
@@ -3706,7 +3721,7 @@ def _keep_edited(store, data, full, rel, guard, edited):
               "in the store as %s" % (rel, data["op"], data["op"], store.payloads.path(sha)))
 
 
-def _rollback_workspace(store, data, keep_edits=False):
+def _rollback_workspace(store, data, keep_edits=False, rewritten=()):
     """Every journaled path back to its recorded content (or absence).
 
     A file that cannot go back is logged and passed over, so that one file
@@ -3717,14 +3732,14 @@ def _rollback_workspace(store, data, keep_edits=False):
     operation died), a file that holds neither its old content nor what the
     operation wrote (edited between the crash and the rollback, or a write
     the crash cut off) is rolled back too, but what it held is stored and
-    listed there first. Returns (the content kept, the paths not put back)."""
+    listed there first. rewritten: paths left as they are (see
+    rollback_journal). Returns (the content kept, the paths not put back)."""
     # The folder may have moved since, with a link left at its old name.
     root = os.path.realpath(data["root"])
     guard = kernel_path(root)
-    edited, leave = (_keep_edits(store, data, root, guard, keep_edits) if keep_edits
-                     else ({}, set()))
-    _remove_what_was_made(data, root, guard, leave)
-    kept, not_back = _put_back_all(store, data, root, guard, leave)
+    edited, leave = _keep_edits(store, data, root, guard) if keep_edits else ({}, set())
+    _remove_what_was_made(data, root, guard, leave | set(rewritten))
+    kept, not_back = _put_back_all(store, data, root, guard, leave, rewritten)
     if kept:
         store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
                   "(file -> payload/<sha[:2]>/<sha>)"
@@ -3765,15 +3780,23 @@ def _remove_what_was_made(data, root, guard, leave):
             pass
 
 
-def _put_back_all(store, data, root, guard, leave):
+def _put_back_all(store, data, root, guard, leave, rewritten=()):
     """The second pass of a rollback: every journaled file that existed
-    before goes back to that content, last written first. Returns (kept:
-    rel -> its old [sha, mode] for each file not put back whose content
-    stays in the store, every path not put back)."""
+    before goes back to that content, last written first, but those in
+    leave (edited past 100 MB) and rewritten (see rollback_journal).
+    Returns (kept: rel -> its old [sha, mode] for each file not put back
+    whose content stays in the store, every path not put back)."""
     kept, not_back = {}, []
     for entry in reversed(data["entries"]):
         rel, before = entry[0], entry[1]
         if before is None:
+            continue
+        if rel in rewritten:
+            kept[rel] = before
+            not_back.append(rel)
+            store.log("rollback: %r was not put back: another program wrote it after the %s "
+                      "did, so it stays as it is; what it held before stays in the store as %s"
+                      % (rel, data["op"], store.payloads.path(before[0])))
             continue
         if rel in leave:  # edited past what is ever stored: it stays as it is
             kept[rel] = before
@@ -3798,7 +3821,7 @@ def _put_back_all(store, data, root, guard, leave):
     return kept, not_back
 
 
-def _keep_edits(store, data, root, guard, which=True):
+def _keep_edits(store, data, root, guard):
     """Before a rollback changes anything: store what each journaled file
     holds when it is neither what it held before the operation nor what the
     operation wrote there, and list it in kept/<op_id>.json (flushed first),
@@ -3808,12 +3831,11 @@ def _keep_edits(store, data, root, guard, which=True):
     after the sha the operation wrote (None where it deleted the file); a
     plan of an older version has no after, and nothing is kept for it.
     A file now over MAX_CONTENT_BYTES (whose content is never stored) is
-    not kept: the rollback leaves it where it is. which: True for every
-    entry, or the paths to check. Returns ({rel: [sha, mode]} of what was
-    kept, {rel} of the files to leave)."""
+    not kept: the rollback leaves it where it is. Returns ({rel: [sha,
+    mode]} of what was kept, {rel} of the files to leave)."""
     edited, leave = {}, set()
     for entry in data["entries"]:
-        if len(entry) < 3 or (which is not True and entry[0] not in which):
+        if len(entry) < 3:
             continue
         rel, before, after = entry
         try:
@@ -3972,8 +3994,9 @@ CHANGED_MEANWHILE_TEXT = "changed by something else while the %s ran; left as it
 IN_THE_WAY_TEXT = ("a file left as it is, or made while the restore ran, stands where one "
                    "of its folders must go (or inside the folder that must give way to it); "
                    "left as it is")
-FOLDER_IN_THE_WAY_TEXT = ("a folder stands there that holds what no scan lists (an excluded "
-                          "or empty folder); move it away and restore again")
+FOLDER_IN_THE_WAY_TEXT = ("a folder with something in it stands there (what no scan listed: "
+                          "an excluded or empty folder, or files made meanwhile); move it away "
+                          "and restore again")
 
 
 def in_the_way(rel, left):
@@ -7435,6 +7458,9 @@ class Checkpoints:
             except ChangedMeanwhile:
                 journal.leave(rel)
                 continue
+            except BaseException:
+                journal.failed_on(rel, full)
+                raise
             journal.done(rel, None)
             emptied.add(os.path.dirname(full))
         for folder in sorted(emptied, key=lambda f: -f.count(os.sep)):  # deepest first
@@ -7486,8 +7512,16 @@ class Checkpoints:
             journal.leave(rel)
             return None
         except PermissionError:  # read-only or hard-linked: replace the name instead
-            after = replace_through(journal.temp_name(full), full, rel, guard,
-                                    lambda tmp: payloads.copy_out(sha, tmp, mode, within=guard))
+            try:
+                after = replace_through(journal.temp_name(full), full, rel, guard,
+                                        lambda tmp: payloads.copy_out(sha, tmp, mode,
+                                                                      within=guard))
+            except BaseException:
+                journal.failed_on(rel, full)
+                raise
+        except BaseException:
+            journal.failed_on(rel, full)
+            raise
         journal.done(rel, after)
         return after
 
@@ -8038,6 +8072,9 @@ class Checkpoints:
             except ChangedMeanwhile:  # the next scan reads what is there now
                 journal.leave(rel)
                 return None
+            except BaseException:
+                journal.failed_on(rel, fulls[rel])
+                raise
             journal.done(rel, st)
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)

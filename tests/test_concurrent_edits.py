@@ -186,22 +186,43 @@ class EditsWhileWriting(WorkspaceTest):
         self.assertEqual(self.read("replaced.txt"), b"written meanwhile\n")  # left alone
         self.assertEqual(resumed["drift_paths"], ["replaced.txt"])
 
-    def test_a_failed_restore_keeps_what_was_written_over_its_own_writes(self):
+    def test_a_failed_restore_leaves_what_was_written_over_its_own_writes(self):
         # Another program saves a file after the restore wrote it; then the
-        # restore fails and is rolled back: that save is kept in the store.
+        # restore fails and is rolled back: that save stays, the file is
+        # named as not put back, and what it held before is kept.
         self.two_steps()
         self.fail_when_recording(first=lambda: self.write("plain.txt", "the editor's save\n"))
-        with self.assertRaises(tc.CheckpointError):
+        with self.assertRaises(tc.CheckpointError) as caught:
             self.cp.restore(self.root, index=1, apply=True)
-        self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")  # rolled back
+        self.assertIn("'plain.txt'", str(caught.exception))
+        self.assertEqual(self.read("plain.txt"), b"the editor's save\n")
+        self.assertEqual(self.read("replaced.txt"), b"replaced at step 2, longer\n")  # put back
         kept = os.listdir(os.path.join(self.store, "kept"))
         self.assertEqual(len(kept), 1, kept)
         with open(os.path.join(self.store, "kept", kept[0]), encoding="utf-8") as fh:
-            edited = json.load(fh)["edited"]
-        self.assertEqual(edited["plain.txt"][0], sha(b"the editor's save\n"))
-        digest = edited["plain.txt"][0]
-        with open(os.path.join(self.store, "payload", digest[:2], digest), "rb") as fh:
-            self.assertEqual(fh.read(), b"the editor's save\n")
+            before = json.load(fh)["files"]["plain.txt"][0]
+        self.assertEqual(before, sha(b"plain 2, longer\n"))
+        with open(os.path.join(self.store, "payload", before[:2], before), "rb") as fh:
+            self.assertEqual(fh.read(), b"plain 2, longer\n")
+
+    def test_a_write_that_failed_is_told_from_one_made_after_it(self):
+        # A damaged stored copy fails the restore's write of plain.txt; an
+        # editor saves plain.txt before the rollback: the save stays.
+        self.two_steps()
+        step_one = self.step_files(1)["plain.txt"]
+        with open(os.path.join(self.store, "payload", step_one[:2], step_one), "r+b") as fh:
+            fh.write(b"X")
+        original = tc.Journal.rollback
+
+        def editor_then_rollback(journal):
+            self.write("plain.txt", "the editor's save, much longer than that\n")
+            return original(journal)
+
+        tc.Journal.rollback = editor_then_rollback
+        self.addCleanup(setattr, tc.Journal, "rollback", original)
+        with self.assertRaises(tc.CheckpointError):
+            self.cp.restore(self.root, index=1, apply=True)
+        self.assertEqual(self.read("plain.txt"), b"the editor's save, much longer than that\n")
 
     def test_a_failed_import_leaves_alone_what_it_never_reached(self):
         # An empty folder x, where the package has a file, gains a file: the
