@@ -3591,8 +3591,15 @@ def rollback_journal(store, directory, data=None, *, keep_edits=False, left=(), 
     _rollback_records(store, directory, data)
     if there == "here":
         _settle_put_back_rows(store, undo, not_back)
-    # Workspace and records are back: drop the plan, so a crash from here on
-    # leaves at most unreferenced content, never a rollback that cannot finish.
+    _end_rollback(store, directory, data, stranded)
+    return not_back
+
+
+def _end_rollback(store, directory, data, stranded):
+    """The last steps of a rollback, once workspace and records are back:
+    the plan goes first, so a crash from here on leaves at most unreferenced
+    content, never a rollback that cannot finish; then the operation's new
+    content, but what the workspace's files need (stranded), and the journal."""
     remove_file(os.path.join(directory, "plan.json"))
     fsync_dir(directory)
     for item in data["payloads_new"]:
@@ -3604,7 +3611,6 @@ def rollback_journal(store, directory, data=None, *, keep_edits=False, left=(), 
     store.forget_caches()
     remove_tree(directory)
     remove_empty_dir(os.path.dirname(directory))
-    return not_back
 
 
 def _workspace_now(store, data):
