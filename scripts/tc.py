@@ -3434,15 +3434,24 @@ class Journal:
         named among the paths not put back."""
         with self._left_lock:
             touched, done = set(self._touched), dict(self._done)
-        root = os.path.realpath(self.data["root"])
+        root = os.path.realpath(_workspace_now(self.store, self.data))
         rewritten = set()
         for rel, was in done.items():
             try:
                 st = lstat_or_none(os.path.join(root, *rel.split("/")))
             except OSError:
                 continue
-            if (None if st is None else (st.st_size, st.st_mtime_ns)) != was:
+            # Only a file: a folder there is the operation's own (a file it
+            # removed made way for one), and a file gone is simply put back.
+            if st is not None and stat_mod.S_ISREG(st.st_mode) and (
+                    st.st_size, st.st_mtime_ns) != was:
                 rewritten.add(rel)
+        try:  # should this rollback fail, the one retried at the next lock keeps to the same
+            write_json(os.path.join(self.directory, ROLLBACK_SCOPE_NAME),
+                       {"only": sorted(touched), "rewritten": sorted(rewritten)}, strict=True)
+        except OSError as exc:
+            self.store.log("rollback of %s: its scope could not be noted (%s); a retry goes "
+                           "through every file" % (self.op_id, describe_os_error(exc)))
         return rollback_journal(self.store, self.directory, self.data, left=self.left,
                                 only=touched, rewritten=rewritten)
 
@@ -3533,6 +3542,23 @@ def _put_back(payloads, full, before, guard):
 
 
 LEFT_LIST_NAME = "left"  # in a journal's folder: one JSON string (a path) a line
+# In a journal's folder: {"only", "rewritten"} of an in-process rollback (see
+# Journal.rollback), which a retry of that rollback keeps to.
+ROLLBACK_SCOPE_NAME = "rollback.json"
+
+
+def read_rollback_scope(directory):
+    """(only, rewritten) an in-process rollback of this journal noted, or
+    (None, ()) when it noted none (or what it noted does not read)."""
+    try:
+        doc = read_json(os.path.join(directory, ROLLBACK_SCOPE_NAME))
+        only, rewritten = doc["only"], doc["rewritten"]
+        if (isinstance(only, list) and isinstance(rewritten, list) and rel_paths_ok(only)
+                and rel_paths_ok(rewritten)):
+            return set(only), set(rewritten)
+    except (OSError, StoreCorrupt, KeyError, TypeError, AttributeError):
+        pass
+    return None, ()
 
 
 def read_left_list(directory):
@@ -3571,6 +3597,8 @@ def rollback_journal(store, directory, data=None, *, keep_edits=False, left=(), 
         except (FileNotFoundError, StoreCorrupt):
             remove_tree(directory)  # never started
             return []
+    if only is None:
+        only, rewritten = read_rollback_scope(directory)
     left = set(left) | read_left_list(directory)
     if left:
         data = dict(data, entries=[entry for entry in data["entries"] if entry[0] not in left])
@@ -3796,6 +3824,10 @@ def _put_back_all(store, data, root, guard, leave, rewritten=()):
     for entry in reversed(data["entries"]):
         rel, before = entry[0], entry[1]
         if before is None:
+            if rel in rewritten:  # made by the operation, then written by another program
+                not_back.append(rel)
+                store.log("rollback: %r, which the %s made, was not removed: another program "
+                          "wrote it since, so it stays as it is" % (rel, data["op"]))
             continue
         if rel in rewritten:
             kept[rel] = before

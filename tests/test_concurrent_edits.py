@@ -205,6 +205,55 @@ class EditsWhileWriting(WorkspaceTest):
         with open(os.path.join(self.store, "payload", before[:2], before), "rb") as fh:
             self.assertEqual(fh.read(), b"plain 2, longer\n")
 
+    def test_a_failed_restore_that_turned_a_file_into_a_folder_is_undone_whole(self):
+        # The folder the restore made where a file was is its own doing.
+        self.write("a/b", "in the folder at step 1\n")
+        self.cp.init(self.root, "shape")
+        self.cp.save(self.root, "one")
+        os.remove(os.path.join(self.root, "a", "b"))
+        os.rmdir(os.path.join(self.root, "a"))
+        self.write("a", "a file at step 2\n")
+        self.cp.save(self.root, "two")
+        self.fail_when_recording()
+        with self.assertRaises(tc.CheckpointError) as caught:
+            self.cp.restore(self.root, index=1, apply=True)
+        self.assertIn("nothing was changed", str(caught.exception))
+        self.assertEqual(self.read("a"), b"a file at step 2\n")
+
+    def test_a_file_the_restore_made_and_another_program_wrote_stays_and_is_named(self):
+        self.two_steps()
+        self.fail_when_recording(first=lambda: self.write("written.txt", "the editor's\n"))
+        with self.assertRaises(tc.CheckpointError) as caught:
+            self.cp.restore(self.root, index=1, apply=True)
+        self.assertIn("'written.txt'", str(caught.exception))
+        self.assertEqual(self.read("written.txt"), b"the editor's\n")
+        self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")
+
+    def test_a_rollback_retried_at_the_next_lock_keeps_to_the_first_ones_scope(self):
+        # The in-process rollback fails when it lists kept content (the disk
+        # is still full); the next call retries it: the editor's save stays.
+        self.two_steps()
+        self.fail_when_recording(first=lambda: self.write("plain.txt", "the editor's save\n"))
+        original = tc.write_json
+
+        def kept_list_meets_a_full_disk(path, *args, **kwargs):
+            if os.sep + "kept" + os.sep in path:
+                tc.write_json = original
+                raise OSError(28, "No space left on device")
+            return original(path, *args, **kwargs)
+
+        tc.write_json = kept_list_meets_a_full_disk
+        self.addCleanup(setattr, tc, "write_json", original)
+        with self.assertRaises(tc.CheckpointError) as caught:
+            self.cp.restore(self.root, index=1, apply=True)
+        self.assertIn("could not be fully undone yet", str(caught.exception))
+        resumed = tc.Checkpoints(tc.Config(watch=False, git=False)).resume(self.root)
+        self.assertTrue(resumed["health"]["ok"], resumed["health"])
+        self.assertEqual(self.read("plain.txt"), b"the editor's save\n")
+        self.assertEqual(self.read("replaced.txt"), b"replaced at step 2, longer\n")
+        journals = os.path.join(self.store, "journal")
+        self.assertFalse(os.path.isdir(journals) and os.listdir(journals))  # rolled back
+
     def test_a_write_that_failed_is_told_from_one_made_after_it(self):
         # A damaged stored copy fails the restore's write of plain.txt; an
         # editor saves plain.txt before the rollback: the save stays.
