@@ -63,6 +63,30 @@ class EditsWhileWriting(WorkspaceTest):
         tc.Checkpoints._record_drift = full_disk
         self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
 
+    def failed_restore(self, first=None):
+        """The error of a restore to step 1 whose record meets a full disk
+        (see fail_when_recording)."""
+        self.fail_when_recording(first=first)
+        with self.assertRaises(tc.CheckpointError) as caught:
+            self.cp.restore(self.root, index=1, apply=True)
+        return str(caught.exception)
+
+    def folder_then_file(self, inside, file_text=None):
+        """Step 1 holds the file inside (x/inside.txt) and plain.txt; at
+        step 2 inside's folder is gone, a file in its place when file_text
+        is given, and plain.txt is longer."""
+        folder = inside.rsplit("/", 1)[0]
+        self.write(inside, "in the folder at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "shapes")
+        self.cp.save(self.root, "one")
+        os.remove(os.path.join(self.root, *inside.split("/")))
+        os.rmdir(os.path.join(self.root, folder))
+        if file_text is not None:
+            self.write(folder, file_text)
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+
     def two_steps(self):
         """Step 1 and step 2 differ in replaced.txt, deleted.txt (only in
         step 2) and written.txt (only in step 1); plain.txt too."""
@@ -114,10 +138,8 @@ class EditsWhileWriting(WorkspaceTest):
     def test_a_failed_restore_rolls_back_around_a_file_written_meanwhile(self):
         self.two_steps()
         self.edit_once_the_journal_is_written({"replaced.txt": b"meanwhile\n"})
-        self.fail_when_recording()
-        with self.assertRaises(tc.CheckpointError) as caught:
-            self.cp.restore(self.root, index=1, apply=True)
-        self.assertIn("nothing was changed", str(caught.exception))
+        error = self.failed_restore()
+        self.assertIn("nothing was changed", error)
         self.assertEqual(self.read("replaced.txt"), b"meanwhile\n")
         self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")
         self.assertEqual(self.read("deleted.txt"), b"only at step 2\n")
@@ -145,15 +167,7 @@ class EditsWhileWriting(WorkspaceTest):
     def test_a_file_left_in_the_way_keeps_the_paths_it_blocks_out_too(self):
         # Step 1 has a folder x; now x is a file, which is written meanwhile:
         # x stays, so x/inside.txt cannot be written, and the rest goes on.
-        self.write("x/inside.txt", "in the folder at step 1\n")
-        self.write("plain.txt", "plain 1\n")
-        self.cp.init(self.root, "shapes")
-        self.cp.save(self.root, "one")
-        os.remove(os.path.join(self.root, "x", "inside.txt"))
-        os.rmdir(os.path.join(self.root, "x"))
-        self.write("x", "a file now\n")
-        self.write("plain.txt", "plain 2, longer\n")
-        self.cp.save(self.root, "two")
+        self.folder_then_file("x/inside.txt", "a file now\n")
         self.edit_once_the_journal_is_written({"x": b"the file, written meanwhile\n"})
         res = self.cp.restore(self.root, index=1, apply=True)
         self.assertEqual(sorted(item["path"] for item in res["skipped_paths"]),
@@ -191,10 +205,8 @@ class EditsWhileWriting(WorkspaceTest):
         # restore fails and is rolled back: that save stays, the file is
         # named as not put back, and what it held before is kept.
         self.two_steps()
-        self.fail_when_recording(first=lambda: self.write("plain.txt", "the editor's save\n"))
-        with self.assertRaises(tc.CheckpointError) as caught:
-            self.cp.restore(self.root, index=1, apply=True)
-        self.assertIn("'plain.txt'", str(caught.exception))
+        error = self.failed_restore(first=lambda: self.write("plain.txt", "the editor's save\n"))
+        self.assertIn("'plain.txt'", error)
         self.assertEqual(self.read("plain.txt"), b"the editor's save\n")
         self.assertEqual(self.read("replaced.txt"), b"replaced at step 2, longer\n")  # put back
         kept = os.listdir(os.path.join(self.store, "kept"))
@@ -207,25 +219,15 @@ class EditsWhileWriting(WorkspaceTest):
 
     def test_a_failed_restore_that_turned_a_file_into_a_folder_is_undone_whole(self):
         # The folder the restore made where a file was is its own doing.
-        self.write("a/b", "in the folder at step 1\n")
-        self.cp.init(self.root, "shape")
-        self.cp.save(self.root, "one")
-        os.remove(os.path.join(self.root, "a", "b"))
-        os.rmdir(os.path.join(self.root, "a"))
-        self.write("a", "a file at step 2\n")
-        self.cp.save(self.root, "two")
-        self.fail_when_recording()
-        with self.assertRaises(tc.CheckpointError) as caught:
-            self.cp.restore(self.root, index=1, apply=True)
-        self.assertIn("nothing was changed", str(caught.exception))
+        self.folder_then_file("a/b", "a file at step 2\n")
+        error = self.failed_restore()
+        self.assertIn("nothing was changed", error)
         self.assertEqual(self.read("a"), b"a file at step 2\n")
 
     def test_a_file_the_restore_made_and_another_program_wrote_stays_and_is_named(self):
         self.two_steps()
-        self.fail_when_recording(first=lambda: self.write("written.txt", "the editor's\n"))
-        with self.assertRaises(tc.CheckpointError) as caught:
-            self.cp.restore(self.root, index=1, apply=True)
-        self.assertIn("'written.txt'", str(caught.exception))
+        error = self.failed_restore(first=lambda: self.write("written.txt", "the editor's\n"))
+        self.assertIn("'written.txt'", error)
         self.assertEqual(self.read("written.txt"), b"the editor's\n")
         self.assertEqual(self.read("plain.txt"), b"plain 2, longer\n")
 
@@ -295,14 +297,7 @@ class EditsWhileWriting(WorkspaceTest):
         self.assertEqual(self.read("x/new.txt"), b"new inside x\n")
 
     def test_a_file_made_meanwhile_where_a_folder_must_go_is_left_with_it(self):
-        self.write("d/f.txt", "in d at step 1\n")
-        self.write("plain.txt", "plain 1\n")
-        self.cp.init(self.root, "made")
-        self.cp.save(self.root, "one")
-        os.remove(os.path.join(self.root, "d", "f.txt"))
-        os.rmdir(os.path.join(self.root, "d"))
-        self.write("plain.txt", "plain 2, longer\n")
-        self.cp.save(self.root, "two")
+        self.folder_then_file("d/f.txt")
         self.edit_once_the_journal_is_written({"d": b"a file made meanwhile\n"})
         res = self.cp.restore(self.root, index=1, apply=True)
         self.assertEqual([item["path"] for item in res["skipped_paths"]], ["d/f.txt"])
