@@ -30,7 +30,6 @@ a hash but no content; the drift layer detects change by stat, not content.
 """
 
 from __future__ import annotations
-
 import collections
 import contextlib
 import errno
@@ -50,8 +49,9 @@ import time
 
 __version__ = "0.1.0"
 
+
 # ---------------------------------------------------------------------------
-# 1. Constants and configuration
+# 1. Constants and configuration: Config.from_env() is the only reader of TC_* variables
 # ---------------------------------------------------------------------------
 
 STORE_DIRNAME = ".checkpoints"
@@ -215,7 +215,7 @@ class Config(collections.namedtuple(
 
 
 # ---------------------------------------------------------------------------
-# 2. Errors
+# 2. Errors: one base class; each message names the object and says what to do
 # ---------------------------------------------------------------------------
 
 class CheckpointError(Exception):
@@ -268,39 +268,6 @@ class Cancelled(CheckpointError):
     """The client cancelled the call; it stopped before recording anything."""
 
 
-CANCELLED_TEXT = "cancelled by the client"
-_CALL = threading.local()  # .cancel: the Event of the tool call this thread runs
-
-
-@contextlib.contextmanager
-def cancellable(event):
-    """Run the block as a call that stops once event is set.
-
-    The checks sit where stopping changes nothing recorded: between the
-    files a snapshot reads, a restore or import writes (both journaled, so
-    what they wrote is rolled back) or an export copies, between the
-    folders of a walk, and while waiting for the store lock. Work past the
-    last of them (the records of a save, the rename of a package) finishes.
-    Threads other than the caller's (the watcher) are never cancelled."""
-    previous = getattr(_CALL, "cancel", None)
-    _CALL.cancel = event
-    try:
-        yield
-    finally:
-        _CALL.cancel = previous
-
-
-def cancel_event():
-    """The Event of the call this thread runs, or None outside one."""
-    return getattr(_CALL, "cancel", None)
-
-
-def check_cancelled(event=None):
-    event = event or cancel_event()
-    if event is not None and event.is_set():
-        raise Cancelled(CANCELLED_TEXT)
-
-
 def describe_os_error(exc):
     """A one-line description of an OSError, without a traceback."""
     name = getattr(exc, "filename", None)
@@ -323,8 +290,22 @@ OS_ERROR_ADVICE = {
 }
 
 
+def traceback_text():
+    """The exception being handled, with its traceback, for the log. A
+    traceback module that cannot be loaded (a file descriptor limit, a
+    library folder changed under a running server) gives the one-line form:
+    a fault being reported must not become a second one."""
+    kind, value, _tb = sys.exc_info()
+    try:
+        import traceback
+        return traceback.format_exc()
+    except Exception:
+        return "%s: %s (no traceback: the traceback module could not be loaded)" % (
+            getattr(kind, "__name__", kind), value)
+
+
 # ---------------------------------------------------------------------------
-# 3. File-system basics
+# 3. Durability: atomic writes, flushes, JSON records
 # ---------------------------------------------------------------------------
 
 # fsync refused because the file system does not do it (for directories, say).
@@ -384,130 +365,6 @@ def fsync_dir(path, *, strict=False):
         fsync_path(path, strict=strict)
 
 
-def traceback_text():
-    """The exception being handled, with its traceback, for the log. A
-    traceback module that cannot be loaded (a file descriptor limit, a
-    library folder changed under a running server) gives the one-line form:
-    a fault being reported must not become a second one."""
-    kind, value, _tb = sys.exc_info()
-    try:
-        import traceback
-        return traceback.format_exc()
-    except Exception:
-        return "%s: %s (no traceback: the traceback module could not be loaded)" % (
-            getattr(kind, "__name__", kind), value)
-
-
-_GC_PAUSE = {"depth": 0, "was_enabled": False}
-_GC_LOCK = threading.Lock()
-
-
-def gc_paused(fn):
-    """Run fn with the cyclic garbage collector paused (reference counting
-    still frees everything at once). A scan or an index parse allocates
-    thousands of small objects; each burst would otherwise start collections
-    that traverse every object the process holds, costing as much as the
-    file system calls themselves. Nested and concurrent calls share one pause."""
-    @functools.wraps(fn)
-    def paused(*args, **kwargs):
-        with _GC_LOCK:
-            if _GC_PAUSE["depth"] == 0:
-                _GC_PAUSE["was_enabled"] = gc.isenabled()
-                gc.disable()
-            _GC_PAUSE["depth"] += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            with _GC_LOCK:
-                _GC_PAUSE["depth"] -= 1
-                if _GC_PAUSE["depth"] == 0 and _GC_PAUSE["was_enabled"]:
-                    gc.enable()
-    return paused
-
-
-_FLUSH_POOL = []
-_WORK_POOL = []
-_POOL_LOCK = threading.Lock()
-def work_threads(value, cores):
-    """Threads that copy and hash files: TC_WORK_THREADS (1 to 16) if set,
-    else half the cores, at most 4. On two cores one thread measured faster:
-    most of the per-file work is Python under the GIL, and the file system
-    needs the other core. Each thread holds up to READ_WHOLE_LIMIT + CHUNK
-    bytes at a time."""
-    return threads_setting(value) or max(1, min(4, (cores or 1) // 2))
-
-
-WORK_THREADS = work_threads(os.environ.get("TC_WORK_THREADS"), os.cpu_count())
-# Git processes that hash a first save's files side by side.
-GIT_HASH_PROCESSES = max(1, min(4, os.cpu_count() or 1))
-
-
-def _pool(pools, workers, name):
-    with _POOL_LOCK:
-        if not pools:
-            import concurrent.futures  # only when work is spread over threads
-            pools.append(concurrent.futures.ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix=name))
-        return pools[0]
-
-
-def in_parallel(fn, items, *, minimum=8):
-    """[fn(item) for item in items], run on a few threads when there are at
-    least `minimum` items; results in the order of items.
-
-    At most a few calls are queued ahead, so memory does not grow with the
-    number of items. On an exception nothing new starts, every call already
-    started is waited for (no thread still writes once this returns), and
-    the exception of the earliest failing item is raised.
-    """
-    items = list(items)
-    cancel = cancel_event()  # checked between items, in the caller's thread
-    if (len(items) < minimum or WORK_THREADS < 2
-            or threading.current_thread().name.startswith("tc-work")):
-        if cancel is None:
-            return [fn(item) for item in items]  # few items, one core's worth, or nested
-        results = []
-        for item in items:
-            check_cancelled(cancel)
-            results.append(fn(item))
-        return results
-    pool = _pool(_WORK_POOL, WORK_THREADS, "tc-work")
-    results, window = [], collections.deque()
-    try:
-        for item in items:
-            check_cancelled(cancel)
-            window.append(pool.submit(fn, item))
-            if len(window) >= 4 * WORK_THREADS:
-                # Leaves the window only once done: an interrupt while
-                # waiting still finds it there to wait for below.
-                results.append(window[0].result())
-                window.popleft()
-        while window:
-            results.append(window[0].result())
-            window.popleft()
-    except BaseException:
-        import concurrent.futures
-        for future in window:
-            future.cancel()
-        concurrent.futures.wait(window)
-        raise
-    return results
-
-
-def fsync_paths(paths):
-    """fsync many files (and directories) at once. Issued from several
-    threads, so the file system commits them together in one journal flush
-    rather than one disk wait each; returns when all of them are durable."""
-    paths = list(dict.fromkeys(p for p in paths if os.name == "posix" or not os.path.isdir(p)))
-    if len(paths) < 3:
-        for path in paths:
-            fsync_path(path, strict=True)
-        return
-    strict = functools.partial(fsync_path, strict=True)
-    for _ in _pool(_FLUSH_POOL, 8, "tc-fsync").map(strict, paths):
-        pass
-
-
 def random_hex(nbytes):
     return os.urandom(nbytes).hex()
 
@@ -526,6 +383,14 @@ def new_temp(directory, prefix, suffix=""):
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no unused temporary name", directory)
+
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+READ_FLAGS = os.O_RDONLY | O_CLOEXEC | getattr(os, "O_BINARY", 0)
+# A file swapped for a FIFO or a device after the scan would block an open
+# (or never end); swapped for a symlink, it would read a file from elsewhere.
+NO_BLOCK = getattr(os, "O_NONBLOCK", 0)
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def remove_tree(path):
@@ -602,6 +467,13 @@ def make_dirs(path, mkdir=os.mkdir):
                 raise
 
 
+def remove_empty_dir(path):
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def replace_record(tmp, path):
     """os.replace of a store record. On Windows a file that another process
     has open cannot be replaced, and the readers of current.json, a state or
@@ -614,6 +486,99 @@ def replace_record(tmp, path):
             except PermissionError:
                 time.sleep(delay)
     return os.replace(tmp, path)
+
+
+class RawFile:
+    """An open descriptor read and written with os.read/os.write.
+
+    The per-file hot paths (store, restore, export, import) open thousands
+    of files; a buffered file object costs four extra system calls per open
+    (close-on-exec, fstat, a terminal check, a seek) and a copy per block."""
+
+    __slots__ = ("fd", "written", "path")
+
+    def __init__(self, fd, path=None):
+        self.fd = fd
+        self.written = 0
+        self.path = path  # named in a failed write (os.write names no file)
+
+    @classmethod
+    def open(cls, path, flags, mode=0o666):
+        return cls(os.open(path, flags | O_CLOEXEC, mode), path)
+
+    def fileno(self):
+        return self.fd
+
+    def read(self, size=CHUNK):
+        return os.read(self.fd, size)
+
+    def blocks(self):
+        return iter(lambda: os.read(self.fd, CHUNK), b"")
+
+    def read_all(self, size_hint):
+        """Everything up to the end of the file, however its size changed
+        since size_hint was taken (usually one read and one empty read)."""
+        data = os.read(self.fd, size_hint + 1)
+        if not data:
+            return data
+        rest = b"".join(self.blocks())
+        return data + rest if rest else data
+
+    def write(self, data):
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            if exc.filename is None and self.path is not None:
+                raise named_after(exc, self.path) from None
+            raise
+        self.written += len(data)
+
+    def tell(self):
+        return self.written
+
+    def truncate(self):
+        os.ftruncate(self.fd, self.written)
+
+    def flush(self):
+        pass
+
+    def close(self):
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_regular(path, *, follow=False):
+    """(RawFile, stat) of path opened for reading, only when it is a regular
+    file: never blocking on a FIFO or device, and, unless follow is set,
+    never through a symlink as its last component. Anything else raises an
+    OSError whose text says what was found."""
+    try:
+        fh = RawFile.open(path, READ_FLAGS | NO_BLOCK | (0 if follow else NO_FOLLOW))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise OSError(errno.ELOOP, "a symlink (not followed)", path) from None
+        raise
+    try:
+        st = os.fstat(fh.fd)
+    except BaseException:
+        fh.close()
+        raise
+    if not stat_mod.S_ISREG(st.st_mode):
+        fh.close()
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    if NO_BLOCK and hasattr(os, "set_blocking"):
+        # A regular file: reads as usual (no file system may answer "try again").
+        os.set_blocking(fh.fd, True)
+    return fh, st
 
 
 def atomic_write(path, data, *, durable=True, strict=False):
@@ -838,6 +803,252 @@ def read_file_or_none(path):
         return None
 
 
+_LIBC = []
+
+
+def c_library():
+    """The C library of this process, through ctypes (loaded once)."""
+    if not _LIBC:
+        import ctypes
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
+# File systems whose syncfs writes everything back, journal and cache flush included.
+SYNCFS_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
+_SYNCFS_TRUST = {}
+
+
+def mount_table():
+    """[(mount point, file system type)] from /proc/self/mounts; [] when unknown."""
+    try:
+        with open("/proc/self/mounts", "rb") as fh:
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3:
+            point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+            out.append((point, fields[2]))
+    return out
+
+
+def file_system_type(directory, mounts=None):
+    """The type of the mount that holds directory, or None."""
+    path = os.path.realpath(directory)
+    best, kind = "", None
+    for point, fs_type in mount_table() if mounts is None else mounts:
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fs_type
+    return kind
+
+
+def file_system_types_under(directory):
+    """The types of the file system holding directory and of every mount inside it."""
+    mounts = mount_table()
+    path = os.path.realpath(directory).rstrip("/") + "/"
+    return ({file_system_type(directory, mounts)}
+            | {fs_type for point, fs_type in mounts if point.startswith(path)})
+
+
+def syncfs_trusted(directory):
+    """True when directory lies on a local file system named in
+    SYNCFS_FILE_SYSTEMS (read from /proc/self/mounts; remembered per
+    directory)."""
+    hit = _SYNCFS_TRUST.get(directory)
+    if hit is None:
+        hit = _SYNCFS_TRUST[directory] = file_system_type(directory) in SYNCFS_FILE_SYSTEMS
+    return hit
+
+
+def sync_filesystem(directory):
+    """Flush the file system holding directory in one call: True once that
+    is done. Only Linux syncfs on a local file system counts (FUSE and
+    network file systems do not flush their servers on syncfs); False when
+    it is not available or reports an error, and the caller then fsyncs
+    file by file, which reports every error."""
+    if not sys.platform.startswith("linux") or not syncfs_trusted(directory):
+        return False
+    try:
+        libc = c_library()
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            return libc.syncfs(fd) == 0
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def unwritten_bytes():
+    """Bytes the kernel still has to write back, all file systems together
+    (Dirty + Writeback in /proc/meminfo); None where that is not known."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    values = [int(line.split()[1]) * 1024 for line in lines
+              if line.startswith((b"Dirty:", b"Writeback:"))]
+    return sum(values) if len(values) == 2 else None
+
+
+# A batch of fsyncs is replaced by one syncfs when the file system has at
+# most this much else to write: the flush then costs about one fsync, and
+# never waits long for other programs' data.
+SYNCFS_OTHER_DIRTY_LIMIT = 4 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------
+# 4. Concurrency: cancellation, the thread pools, the locks
+# ---------------------------------------------------------------------------
+
+CANCELLED_TEXT = "cancelled by the client"
+_CALL = threading.local()  # .cancel: the Event of the tool call this thread runs
+
+
+@contextlib.contextmanager
+def cancellable(event):
+    """Run the block as a call that stops once event is set.
+
+    The checks sit where stopping changes nothing recorded: between the
+    files a snapshot reads, a restore or import writes (both journaled, so
+    what they wrote is rolled back) or an export copies, between the
+    folders of a walk, and while waiting for the store lock. Work past the
+    last of them (the records of a save, the rename of a package) finishes.
+    Threads other than the caller's (the watcher) are never cancelled."""
+    previous = getattr(_CALL, "cancel", None)
+    _CALL.cancel = event
+    try:
+        yield
+    finally:
+        _CALL.cancel = previous
+
+
+def cancel_event():
+    """The Event of the call this thread runs, or None outside one."""
+    return getattr(_CALL, "cancel", None)
+
+
+def check_cancelled(event=None):
+    event = event or cancel_event()
+    if event is not None and event.is_set():
+        raise Cancelled(CANCELLED_TEXT)
+
+
+_GC_PAUSE = {"depth": 0, "was_enabled": False}
+_GC_LOCK = threading.Lock()
+
+
+def gc_paused(fn):
+    """Run fn with the cyclic garbage collector paused (reference counting
+    still frees everything at once). A scan or an index parse allocates
+    thousands of small objects; each burst would otherwise start collections
+    that traverse every object the process holds, costing as much as the
+    file system calls themselves. Nested and concurrent calls share one pause."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        with _GC_LOCK:
+            if _GC_PAUSE["depth"] == 0:
+                _GC_PAUSE["was_enabled"] = gc.isenabled()
+                gc.disable()
+            _GC_PAUSE["depth"] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _GC_LOCK:
+                _GC_PAUSE["depth"] -= 1
+                if _GC_PAUSE["depth"] == 0 and _GC_PAUSE["was_enabled"]:
+                    gc.enable()
+    return paused
+
+
+_FLUSH_POOL = []
+_WORK_POOL = []
+_POOL_LOCK = threading.Lock()
+
+
+def work_threads(value, cores):
+    """Threads that copy and hash files: TC_WORK_THREADS (1 to 16) if set,
+    else half the cores, at most 4. On two cores one thread measured faster:
+    most of the per-file work is Python under the GIL, and the file system
+    needs the other core. Each thread holds up to READ_WHOLE_LIMIT + CHUNK
+    bytes at a time."""
+    return threads_setting(value) or max(1, min(4, (cores or 1) // 2))
+
+
+WORK_THREADS = work_threads(os.environ.get("TC_WORK_THREADS"), os.cpu_count())
+
+
+def _pool(pools, workers, name):
+    with _POOL_LOCK:
+        if not pools:
+            import concurrent.futures  # only when work is spread over threads
+            pools.append(concurrent.futures.ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix=name))
+        return pools[0]
+
+
+def in_parallel(fn, items, *, minimum=8):
+    """[fn(item) for item in items], run on a few threads when there are at
+    least `minimum` items; results in the order of items.
+
+    At most a few calls are queued ahead, so memory does not grow with the
+    number of items. On an exception nothing new starts, every call already
+    started is waited for (no thread still writes once this returns), and
+    the exception of the earliest failing item is raised.
+    """
+    items = list(items)
+    cancel = cancel_event()  # checked between items, in the caller's thread
+    if (len(items) < minimum or WORK_THREADS < 2
+            or threading.current_thread().name.startswith("tc-work")):
+        if cancel is None:
+            return [fn(item) for item in items]  # few items, one core's worth, or nested
+        results = []
+        for item in items:
+            check_cancelled(cancel)
+            results.append(fn(item))
+        return results
+    pool = _pool(_WORK_POOL, WORK_THREADS, "tc-work")
+    results, window = [], collections.deque()
+    try:
+        for item in items:
+            check_cancelled(cancel)
+            window.append(pool.submit(fn, item))
+            if len(window) >= 4 * WORK_THREADS:
+                # Leaves the window only once done: an interrupt while
+                # waiting still finds it there to wait for below.
+                results.append(window[0].result())
+                window.popleft()
+        while window:
+            results.append(window[0].result())
+            window.popleft()
+    except BaseException:
+        import concurrent.futures
+        for future in window:
+            future.cancel()
+        concurrent.futures.wait(window)
+        raise
+    return results
+
+
+def fsync_paths(paths):
+    """fsync many files (and directories) at once. Issued from several
+    threads, so the file system commits them together in one journal flush
+    rather than one disk wait each; returns when all of them are durable."""
+    paths = list(dict.fromkeys(p for p in paths if os.name == "posix" or not os.path.isdir(p)))
+    if len(paths) < 3:
+        for path in paths:
+            fsync_path(path, strict=True)
+        return
+    strict = functools.partial(fsync_path, strict=True)
+    for _ in _pool(_FLUSH_POOL, 8, "tc-fsync").map(strict, paths):
+        pass
+
+
 if os.name == "nt":  # pragma: no cover - exercised on Windows only
     import msvcrt
 
@@ -1044,6 +1255,10 @@ class StoreLock:
         return self._fd is not None
 
 
+# ---------------------------------------------------------------------------
+# 5. Workspace paths and PathPolicy: the one place that refuses unsafe paths
+# ---------------------------------------------------------------------------
+
 def normalize_rel(rel):
     """Validate a workspace-relative path; return it in posix form."""
     if not isinstance(rel, str) or not rel or "\x00" in rel:
@@ -1082,53 +1297,16 @@ def safe_workspace_path(root, rel, checked=None):
     return full
 
 
-def validate_root(root):
-    """An absolute, existing directory other than the filesystem root."""
-    if not isinstance(root, str) or not root.strip():
-        raise InvalidArgument("root must be an absolute path to the workspace directory")
-    if "\x00" in root:
-        raise InvalidArgument("root %r contains a NUL byte" % root)
-    if not os.path.isabs(root):
-        raise InvalidArgument("root %r is not an absolute path; pass the workspace's "
-                              "absolute path" % root)
-    real = os.path.realpath(root)
-    if not os.path.exists(real):
-        raise InvalidArgument("root %r does not exist" % root)
-    if not os.path.isdir(real):
-        raise InvalidArgument("root %r is not a directory" % root)
-    if os.path.dirname(real) == real:
-        raise InvalidArgument("root %r is the filesystem root; pass a project directory" % root)
-    store = enclosing_store(real)
-    if store:
-        raise InvalidArgument("root %r lies inside the checkpoint store %r; pass the project "
-                              "directory instead" % (root, store))
-    return real
-
-
-# Put in every store: git then leaves the store out of `status`, `add -A`,
-# `stash -u` (which would take it away from under a running server) and
-# `clean -d`, wherever the store sits in a repository. Nothing of the user's
-# repository is touched for it.
-STORE_GITIGNORE = (b"# Written by task-checkpoint-mcp: git leaves this store alone.\n"
-                   b"*\n")
-
-
-def ignore_in_git(directory):
-    """Write <directory>/.gitignore (everything ignored) unless one is there
-    (ours, or one the user put there); an empty one, as a power cut can leave
-    it, is written again. Best effort: tried at every write."""
-    path = os.path.join(directory, ".gitignore")
-    try:
-        if os.lstat(path).st_size:
-            return
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return
-    try:
-        atomic_write(path, STORE_GITIGNORE, durable=False)
-    except OSError:
-        pass
+def find_upwards(path, predicate):
+    """The first of path and its parents for which predicate holds, or None."""
+    current = path
+    while True:
+        if predicate(current):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
 
 
 def looks_like_store(path):
@@ -1167,16 +1345,27 @@ def enclosing_store(path):
                         or looks_like_store(directory))
 
 
-def find_upwards(path, predicate):
-    """The first of path and its parents for which predicate holds, or None."""
-    current = path
-    while True:
-        if predicate(current):
-            return current
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
+def validate_root(root):
+    """An absolute, existing directory other than the filesystem root."""
+    if not isinstance(root, str) or not root.strip():
+        raise InvalidArgument("root must be an absolute path to the workspace directory")
+    if "\x00" in root:
+        raise InvalidArgument("root %r contains a NUL byte" % root)
+    if not os.path.isabs(root):
+        raise InvalidArgument("root %r is not an absolute path; pass the workspace's "
+                              "absolute path" % root)
+    real = os.path.realpath(root)
+    if not os.path.exists(real):
+        raise InvalidArgument("root %r does not exist" % root)
+    if not os.path.isdir(real):
+        raise InvalidArgument("root %r is not a directory" % root)
+    if os.path.dirname(real) == real:
+        raise InvalidArgument("root %r is the filesystem root; pass a project directory" % root)
+    store = enclosing_store(real)
+    if store:
+        raise InvalidArgument("root %r lies inside the checkpoint store %r; pass the project "
+                              "directory instead" % (root, store))
+    return real
 
 
 def validate_abs_dir(value, name):
@@ -1210,9 +1399,294 @@ def validate_drift_id(drift_id):
     return drift_id
 
 
-# ---------------------------------------------------------------------------
-# 4. Path policy: pure decisions about names, no I/O
-# ---------------------------------------------------------------------------
+def store_rel_in(root, store_dir):
+    """store_dir relative to root when it lies inside root, else None."""
+    rel = os.path.relpath(store_dir, root)
+    if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir or os.path.isabs(rel):
+        return None
+    return rel.replace(os.sep, "/")
+
+
+# Kernel interfaces mounted as folders: their "files" are live state, not
+# work to checkpoint, and writing a store there does harm or fails.
+PSEUDO_FILE_SYSTEMS = frozenset((
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+    "securityfs", "pstore", "bpf", "configfs", "mqueue", "hugetlbfs", "fusectl",
+    "binfmt_misc", "efivarfs", "selinuxfs", "autofs", "rpc_pipefs", "nsfs"))
+
+
+def refuse_pseudo_file_system(root):
+    kind = file_system_type(root)
+    if kind in PSEUDO_FILE_SYSTEMS:
+        raise InvalidArgument("root %r is on the %s file system, where the kernel shows its "
+                              "own state, not files to checkpoint; choose a project "
+                              "directory" % (root, kind))
+
+
+# The guards below compare where the kernel has an open file with where it
+# has the workspace root ("guard": kernel_path(root)), both named by the
+# kernel, so symlinked ancestors, bind mounts and the case a case-insensitive
+# file system keeps cannot make a sound path look foreign. A guard of None
+# (Windows) turns the checks off.
+def _inside(where, guard):
+    return guard is None or where is None or where.startswith(guard.rstrip(os.sep) + os.sep)
+
+
+def _opened_path(fd, path):
+    """Where the kernel has the open file or folder fd (/proc on Linux,
+    F_GETPATH on macOS); elsewhere where path resolves now, the best check
+    left; None on Windows."""
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        pass
+    if os.name == "nt":
+        return None
+    if hasattr(fcntl, "F_GETPATH"):
+        try:
+            named = fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))
+            return os.fsdecode(named.split(b"\0", 1)[0])
+        except (OSError, ValueError):
+            pass
+    return os.path.realpath(path)
+
+
+def kernel_path(root):
+    """The guard of a workspace root: its folder as the kernel names it;
+    None on Windows, where no check is made."""
+    if os.name == "nt":
+        return None
+    try:
+        fd = os.open(root, getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0)
+                     | O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(root)
+    try:
+        return _opened_path(fd, root)
+    finally:
+        os.close(fd)
+
+
+def check_written_within(fd, path, guard):
+    """Refuse to write into a file that was opened outside the workspace: a
+    folder on its path replaced by a link after the plan checked it. Nothing
+    has been written to it yet (workspace files are opened without
+    truncating)."""
+    if not _inside(_opened_path(fd, path), guard):
+        raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
+                         "replaced by a link); nothing was written there" % path)
+
+
+def _at_or_inside(where, guard):
+    return where == guard.rstrip(os.sep) or _inside(where, guard)
+
+
+# Calls that act on a name inside a folder descriptor (mkdirat, unlinkat...).
+DIR_FD_CALLS = all(call in getattr(os, "supports_dir_fd", ()) for call in
+                   (os.mkdir, os.rmdir, os.unlink, os.rename))
+
+
+class ChangedMeanwhile(OSError):
+    """A workspace file is no longer as the plan of the operation about to
+    write or remove it saw it: something else wrote it since."""
+
+    def __init__(self, path):
+        super().__init__(errno.EAGAIN, "changed while the operation ran", path)
+
+
+ANY_STATE = object()  # open_over's and remove_within's expect: no check
+
+
+def lstat_or_none(path, dir_fd=None):
+    try:
+        return os.lstat(path, dir_fd=dir_fd) if dir_fd is not None else os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def check_expected(st, expect, path):
+    """ChangedMeanwhile unless the file at path, whose stat is st (None: no
+    file), is as expect says: (size, mtime) of a regular file (seen_as),
+    None for "no file", or ANY_STATE for no check."""
+    if expect is ANY_STATE:
+        return
+    if st is None or expect is None:
+        if (st is None) != (expect is None):
+            raise ChangedMeanwhile(path)
+    elif not stat_mod.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != expect:
+        raise ChangedMeanwhile(path)
+
+
+def at_parent_within(path, guard, refusal, call):
+    """call(name, dir_fd) on path's last component, through a descriptor of
+    its folder taken once that folder is known to be the workspace (guard)
+    or inside it: a folder of the path replaced by a link to elsewhere
+    cannot redirect the call. Where such descriptors are not available (or
+    the folder cannot even be named), call(path, None) after a check by
+    path. refusal: what the UnsafePath error says was not done."""
+    parent, name = os.path.split(path)
+    dfd = None
+    if DIR_FD_CALLS:
+        try:  # O_PATH: a folder without read permission can still be named
+            dfd = os.open(parent, getattr(os, "O_PATH", os.O_RDONLY)
+                          | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
+        except PermissionError:  # no O_PATH and no read permission: by path
+            dfd = None
+    if dfd is None:
+        if not _at_or_inside(os.path.realpath(parent), guard):
+            raise UnsafePath("%r now leads outside the workspace; %s" % (path, refusal))
+        return call(path, None)
+    try:
+        if not _at_or_inside(_opened_path(dfd, parent), guard):
+            raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
+                             "replaced by a link); %s" % (path, refusal))
+        try:
+            return call(name, dfd)
+        except OSError as exc:
+            if exc.filename == name:  # named relative to the folder: name the whole path
+                raise named_after(exc, path) from None
+            raise
+    finally:
+        os.close(dfd)
+
+
+def remove_within(path, guard, *, expect=ANY_STATE):
+    """remove_file for a workspace file, through its checked folder.
+    expect: see check_expected (ChangedMeanwhile, and the file stays, when
+    the file no longer matches it)."""
+    if guard is None:
+        check_expected(lstat_or_none(path), expect, path)
+        return remove_file(path)
+
+    def unlink(name, dfd):
+        check_expected(lstat_or_none(name, dfd), expect, path)
+        if dfd is None:
+            writable_to_remove(name)
+        try:
+            os.unlink(name, dir_fd=dfd)
+            return True
+        except FileNotFoundError:
+            return False
+
+    try:
+        return at_parent_within(path, guard, "it was not removed", unlink)
+    except FileNotFoundError:  # its folder is gone
+        return False
+
+
+def rmdir_within(path, guard):
+    """os.rmdir of a workspace folder, through its checked parent."""
+    if guard is None:
+        return os.rmdir(path)
+    return at_parent_within(path, guard, "it was not removed",
+                            lambda name, dfd: os.rmdir(name, dir_fd=dfd))
+
+
+def make_dirs_within(path, guard):
+    """make_dirs for a workspace folder: each missing folder is made through
+    its checked parent, never where a swapped folder points."""
+    if guard is None:
+        return make_dirs(path)
+    return make_dirs(path, lambda folder: at_parent_within(
+        folder, guard, "it was not created", lambda name, dfd: os.mkdir(name, dir_fd=dfd)))
+
+
+def replace_within(tmp, full, guard):
+    """os.replace(tmp, full) for two names in one workspace folder, through
+    that folder once it is checked."""
+    if guard is None:
+        writable_to_remove(full)
+        return os.replace(tmp, full)
+    assert os.path.dirname(tmp) == os.path.dirname(full)
+
+    def replace(name, dfd):
+        if dfd is None:
+            writable_to_remove(name)
+            return os.replace(tmp, name)
+        return os.replace(os.path.basename(tmp), name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    at_parent_within(full, guard, "nothing was replaced", replace)
+
+
+def replace_through(tmp, full, name, guard, fill):
+    """Put a new file at full by filling the staging name tmp (fill(tmp)) and
+    renaming it over full; full's stat after (the rename moves the ctime).
+    For a file that cannot be written in place (read-only, hard-linked). An
+    error met on tmp names the workspace file, name, instead."""
+    try:
+        remove_within(tmp, guard)
+        fill(tmp)
+        replace_within(tmp, full, guard)
+    except OSError as exc:
+        if exc.filename is not None and exc.filename in (tmp, os.path.basename(tmp)):
+            raise named_after(exc, name) from None
+        raise
+    return os.lstat(full)
+
+
+def opened_within(fd, st, seen, guard, path):
+    """Refuse a workspace file whose open reached outside root: a folder of
+    its path replaced by a link after the scan (a race with another process;
+    the scan itself never follows one). The file the scan saw (seen: its
+    device and inode) passes at once; another one, such as a file an editor
+    replaced meanwhile, passes when the kernel places the open file under
+    root."""
+    if seen is not None and (st.st_dev, st.st_ino) == seen:
+        return
+    if not _inside(_opened_path(fd, path), guard):
+        raise OSError(errno.EXDEV, "reached outside the workspace (a folder on its path "
+                      "was replaced by a link)", path)
+
+
+def ensure_dir(path, made, guard):
+    """make_dirs_within once per workspace folder of a batch (made remembers
+    what exists)."""
+    if path not in made:
+        make_dirs_within(path, guard)
+        made.add(path)
+
+
+def prune_empty_dirs(root, directory, guard):
+    """Remove directories left empty by deletions, up to (not including) root
+    (each through its checked parent)."""
+    while directory and directory != root and directory.startswith(root + os.sep):
+        try:
+            rmdir_within(directory, guard)
+        except OSError:
+            return
+        directory = os.path.dirname(directory)
+
+
+def missing_dirs(root, rels):
+    """Directories a write of rels would create, parents first."""
+    out = []
+    there = {}  # folder -> whether it exists
+    for rel in rels:
+        sub, absent = "", False
+        for part in rel.split("/")[:-1]:
+            sub = sub + "/" + part if sub else part
+            known = there.get(sub)
+            if known is None:  # below a missing folder nothing exists
+                known = there[sub] = not absent and os.path.lexists(os.path.join(root, sub))
+                if not known:
+                    out.append(sub)
+            absent = not known
+    return out
+
+
+def path_length_limit(directory):
+    """The longest path (in bytes, with its terminating NUL) the system takes
+    under directory, or None where it does not say."""
+    try:
+        return os.pathconf(directory, "PC_PATH_MAX")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def sibling_temp(full, tag):
+    digest = hashlib.sha1(os.path.basename(full).encode("utf-8", "surrogatepass")).hexdigest()
+    return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
+
 
 def compile_globs(patterns):
     """One regex matching a whole name against any of the glob patterns."""
@@ -1362,13 +1836,12 @@ class PathPolicy:
 
 
 # ---------------------------------------------------------------------------
-# 5. Scan and hash
+# 6. Scan and hash: stat only, content read in one place
 # ---------------------------------------------------------------------------
 
 KIND_FILE = "f"        # content stored under its sha
 KIND_SENSITIVE = "s"   # size and mtime only
 KIND_BIG = "b"         # over the content limit: streamed hash, no content
-
 
 # One scanned file: its stat fields (ints) and whether its name is sensitive.
 StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mode sensitive")
@@ -1381,7 +1854,6 @@ ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unre
 # scan saw (deleted, or replaced by a link or a special file): the file is
 # gone, not unknown.
 VANISHED_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
-
 
 # Folders are listed through a descriptor opened without following a link,
 # and only when it is the folder the listing of its parent named: a folder
@@ -1457,6 +1929,14 @@ def _inode_or_zero(path):
         return os.stat(path).st_ino
     except OSError:
         return 0
+
+
+def utf8_name(name):
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _take_listing(listing, prefix, in_sensitive, device, policy, out):
@@ -1563,29 +2043,6 @@ def unseen_test(paths):
     return lambda rel: rel in files or (bool(folders) and rel.startswith(folders))
 
 
-def carry_unknown(paths, old_rows, old_entries, rows, entries):
-    """Give the paths a scan could not read (files, and folders ending in
-    "/") their last known entries: a file nobody could look at is not a
-    deletion, and a later restore of the record must not remove it. Their
-    rows get a ctime no file has, so the stat cache never vouches for them:
-    the first scan that can read them does."""
-    unseen = unseen_test(paths)
-    for rel, row in old_rows.items():
-        if rel not in rows and unseen(rel):
-            entry = old_entries.get(rel)
-            if entry is not None:
-                rows[rel] = list(row[:2]) + [-1] + list(row[3:])
-                entries[rel] = entry
-
-
-def utf8_name(name):
-    try:
-        name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
 def diff_maps(old, new):
     """added / modified / deleted between two {path: entry} maps (entry tuples compare)."""
     added, modified, deleted = [], [], []
@@ -1599,232 +2056,6 @@ def diff_maps(old, new):
         if path not in new:
             deleted.append(path)
     return sorted(added), sorted(modified), sorted(deleted)
-
-
-# The guards below compare where the kernel has an open file with where it
-# has the workspace root ("guard": kernel_path(root)), both named by the
-# kernel, so symlinked ancestors, bind mounts and the case a case-insensitive
-# file system keeps cannot make a sound path look foreign. A guard of None
-# (Windows) turns the checks off.
-
-def _inside(where, guard):
-    return guard is None or where is None or where.startswith(guard.rstrip(os.sep) + os.sep)
-
-
-def _opened_path(fd, path):
-    """Where the kernel has the open file or folder fd (/proc on Linux,
-    F_GETPATH on macOS); elsewhere where path resolves now, the best check
-    left; None on Windows."""
-    try:
-        return os.readlink("/proc/self/fd/%d" % fd)
-    except OSError:
-        pass
-    if os.name == "nt":
-        return None
-    if hasattr(fcntl, "F_GETPATH"):
-        try:
-            named = fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))
-            return os.fsdecode(named.split(b"\0", 1)[0])
-        except (OSError, ValueError):
-            pass
-    return os.path.realpath(path)
-
-
-def kernel_path(root):
-    """The guard of a workspace root: its folder as the kernel names it;
-    None on Windows, where no check is made."""
-    if os.name == "nt":
-        return None
-    try:
-        fd = os.open(root, getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0)
-                     | O_CLOEXEC)
-    except OSError:
-        return os.path.realpath(root)
-    try:
-        return _opened_path(fd, root)
-    finally:
-        os.close(fd)
-
-
-def check_written_within(fd, path, guard):
-    """Refuse to write into a file that was opened outside the workspace: a
-    folder on its path replaced by a link after the plan checked it. Nothing
-    has been written to it yet (workspace files are opened without
-    truncating)."""
-    if not _inside(_opened_path(fd, path), guard):
-        raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
-                         "replaced by a link); nothing was written there" % path)
-
-
-def _at_or_inside(where, guard):
-    return where == guard.rstrip(os.sep) or _inside(where, guard)
-
-
-# Calls that act on a name inside a folder descriptor (mkdirat, unlinkat...).
-DIR_FD_CALLS = all(call in getattr(os, "supports_dir_fd", ()) for call in
-                   (os.mkdir, os.rmdir, os.unlink, os.rename))
-
-
-class ChangedMeanwhile(OSError):
-    """A workspace file is no longer as the plan of the operation about to
-    write or remove it saw it: something else wrote it since."""
-
-    def __init__(self, path):
-        super().__init__(errno.EAGAIN, "changed while the operation ran", path)
-
-
-ANY_STATE = object()  # open_over's and remove_within's expect: no check
-
-
-def seen_as(row):
-    """What an operation checks a file against before it writes or removes
-    it: (size, mtime) of its snapshot row, or None where the snapshot saw no
-    file. Not the ctime or the inode: the operation's own work on other
-    names of a hard-linked file moves the ctime, and so do a chmod or an
-    extended attribute another program sets; some file systems renumber
-    inodes. A writer moves the mtime."""
-    return None if row is None else (row[0], row[1])
-
-
-def lstat_or_none(path, dir_fd=None):
-    try:
-        return os.lstat(path, dir_fd=dir_fd) if dir_fd is not None else os.lstat(path)
-    except FileNotFoundError:
-        return None
-
-
-def check_expected(st, expect, path):
-    """ChangedMeanwhile unless the file at path, whose stat is st (None: no
-    file), is as expect says: (size, mtime) of a regular file (seen_as),
-    None for "no file", or ANY_STATE for no check."""
-    if expect is ANY_STATE:
-        return
-    if st is None or expect is None:
-        if (st is None) != (expect is None):
-            raise ChangedMeanwhile(path)
-    elif not stat_mod.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != expect:
-        raise ChangedMeanwhile(path)
-
-
-def at_parent_within(path, guard, refusal, call):
-    """call(name, dir_fd) on path's last component, through a descriptor of
-    its folder taken once that folder is known to be the workspace (guard)
-    or inside it: a folder of the path replaced by a link to elsewhere
-    cannot redirect the call. Where such descriptors are not available (or
-    the folder cannot even be named), call(path, None) after a check by
-    path. refusal: what the UnsafePath error says was not done."""
-    parent, name = os.path.split(path)
-    dfd = None
-    if DIR_FD_CALLS:
-        try:  # O_PATH: a folder without read permission can still be named
-            dfd = os.open(parent, getattr(os, "O_PATH", os.O_RDONLY)
-                          | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
-        except PermissionError:  # no O_PATH and no read permission: by path
-            dfd = None
-    if dfd is None:
-        if not _at_or_inside(os.path.realpath(parent), guard):
-            raise UnsafePath("%r now leads outside the workspace; %s" % (path, refusal))
-        return call(path, None)
-    try:
-        if not _at_or_inside(_opened_path(dfd, parent), guard):
-            raise UnsafePath("%r now leads outside the workspace (a folder on its path was "
-                             "replaced by a link); %s" % (path, refusal))
-        try:
-            return call(name, dfd)
-        except OSError as exc:
-            if exc.filename == name:  # named relative to the folder: name the whole path
-                raise named_after(exc, path) from None
-            raise
-    finally:
-        os.close(dfd)
-
-
-def remove_within(path, guard, *, expect=ANY_STATE):
-    """remove_file for a workspace file, through its checked folder.
-    expect: see check_expected (ChangedMeanwhile, and the file stays, when
-    the file no longer matches it)."""
-    if guard is None:
-        check_expected(lstat_or_none(path), expect, path)
-        return remove_file(path)
-
-    def unlink(name, dfd):
-        check_expected(lstat_or_none(name, dfd), expect, path)
-        if dfd is None:
-            writable_to_remove(name)
-        try:
-            os.unlink(name, dir_fd=dfd)
-            return True
-        except FileNotFoundError:
-            return False
-
-    try:
-        return at_parent_within(path, guard, "it was not removed", unlink)
-    except FileNotFoundError:  # its folder is gone
-        return False
-
-
-def rmdir_within(path, guard):
-    """os.rmdir of a workspace folder, through its checked parent."""
-    if guard is None:
-        return os.rmdir(path)
-    return at_parent_within(path, guard, "it was not removed",
-                            lambda name, dfd: os.rmdir(name, dir_fd=dfd))
-
-
-def make_dirs_within(path, guard):
-    """make_dirs for a workspace folder: each missing folder is made through
-    its checked parent, never where a swapped folder points."""
-    if guard is None:
-        return make_dirs(path)
-    return make_dirs(path, lambda folder: at_parent_within(
-        folder, guard, "it was not created", lambda name, dfd: os.mkdir(name, dir_fd=dfd)))
-
-
-def replace_within(tmp, full, guard):
-    """os.replace(tmp, full) for two names in one workspace folder, through
-    that folder once it is checked."""
-    if guard is None:
-        writable_to_remove(full)
-        return os.replace(tmp, full)
-    assert os.path.dirname(tmp) == os.path.dirname(full)
-
-    def replace(name, dfd):
-        if dfd is None:
-            writable_to_remove(name)
-            return os.replace(tmp, name)
-        return os.replace(os.path.basename(tmp), name, src_dir_fd=dfd, dst_dir_fd=dfd)
-
-    at_parent_within(full, guard, "nothing was replaced", replace)
-
-
-def replace_through(tmp, full, name, guard, fill):
-    """Put a new file at full by filling the staging name tmp (fill(tmp)) and
-    renaming it over full; full's stat after (the rename moves the ctime).
-    For a file that cannot be written in place (read-only, hard-linked). An
-    error met on tmp names the workspace file, name, instead."""
-    try:
-        remove_within(tmp, guard)
-        fill(tmp)
-        replace_within(tmp, full, guard)
-    except OSError as exc:
-        if exc.filename is not None and exc.filename in (tmp, os.path.basename(tmp)):
-            raise named_after(exc, name) from None
-        raise
-    return os.lstat(full)
-
-
-def opened_within(fd, st, seen, guard, path):
-    """Refuse a workspace file whose open reached outside root: a folder of
-    its path replaced by a link after the scan (a race with another process;
-    the scan itself never follows one). The file the scan saw (seen: its
-    device and inode) passes at once; another one, such as a file an editor
-    replaced meanwhile, passes when the kernel places the open file under
-    root."""
-    if seen is not None and (st.st_dev, st.st_ino) == seen:
-        return
-    if not _inside(_opened_path(fd, path), guard):
-        raise OSError(errno.EXDEV, "reached outside the workspace (a folder on its path "
-                      "was replaced by a link)", path)
 
 
 class ChangedWhileRead(OSError):
@@ -1880,7 +2111,7 @@ def hash_file(path, *, within=None, seen=None, whole=False):
 
 
 # ---------------------------------------------------------------------------
-# 6. Payload store: the only code that knows payload/<sha[:2]>/<sha>
+# 7. PayloadStore: the only code that knows payload/<sha[:2]>/<sha>
 # ---------------------------------------------------------------------------
 
 # Open for writing in place: never through a symlink, never blocking on a FIFO.
@@ -1894,107 +2125,6 @@ PAYLOAD_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BIN
 
 def _open_no_follow(path, flags):
     return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
-
-
-O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-READ_FLAGS = os.O_RDONLY | O_CLOEXEC | getattr(os, "O_BINARY", 0)
-# A file swapped for a FIFO or a device after the scan would block an open
-# (or never end); swapped for a symlink, it would read a file from elsewhere.
-NO_BLOCK = getattr(os, "O_NONBLOCK", 0)
-NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def open_regular(path, *, follow=False):
-    """(RawFile, stat) of path opened for reading, only when it is a regular
-    file: never blocking on a FIFO or device, and, unless follow is set,
-    never through a symlink as its last component. Anything else raises an
-    OSError whose text says what was found."""
-    try:
-        fh = RawFile.open(path, READ_FLAGS | NO_BLOCK | (0 if follow else NO_FOLLOW))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and not follow:
-            raise OSError(errno.ELOOP, "a symlink (not followed)", path) from None
-        raise
-    try:
-        st = os.fstat(fh.fd)
-    except BaseException:
-        fh.close()
-        raise
-    if not stat_mod.S_ISREG(st.st_mode):
-        fh.close()
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    if NO_BLOCK and hasattr(os, "set_blocking"):
-        # A regular file: reads as usual (no file system may answer "try again").
-        os.set_blocking(fh.fd, True)
-    return fh, st
-
-
-class RawFile:
-    """An open descriptor read and written with os.read/os.write.
-
-    The per-file hot paths (store, restore, export, import) open thousands
-    of files; a buffered file object costs four extra system calls per open
-    (close-on-exec, fstat, a terminal check, a seek) and a copy per block."""
-
-    __slots__ = ("fd", "written", "path")
-
-    def __init__(self, fd, path=None):
-        self.fd = fd
-        self.written = 0
-        self.path = path  # named in a failed write (os.write names no file)
-
-    @classmethod
-    def open(cls, path, flags, mode=0o666):
-        return cls(os.open(path, flags | O_CLOEXEC, mode), path)
-
-    def fileno(self):
-        return self.fd
-
-    def read(self, size=CHUNK):
-        return os.read(self.fd, size)
-
-    def blocks(self):
-        return iter(lambda: os.read(self.fd, CHUNK), b"")
-
-    def read_all(self, size_hint):
-        """Everything up to the end of the file, however its size changed
-        since size_hint was taken (usually one read and one empty read)."""
-        data = os.read(self.fd, size_hint + 1)
-        if not data:
-            return data
-        rest = b"".join(self.blocks())
-        return data + rest if rest else data
-
-    def write(self, data):
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self.fd, view):]
-        except OSError as exc:
-            if exc.filename is None and self.path is not None:
-                raise named_after(exc, self.path) from None
-            raise
-        self.written += len(data)
-
-    def tell(self):
-        return self.written
-
-    def truncate(self):
-        os.ftruncate(self.fd, self.written)
-
-    def flush(self):
-        pass
-
-    def close(self):
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def copy_descriptor(src, dst):
@@ -2118,124 +2248,6 @@ def end_over(fh, path, before, mode):
         else:
             os.chmod(path, mode)
     return os.fstat(fh.fileno())
-
-
-_LIBC = []
-
-
-def c_library():
-    """The C library of this process, through ctypes (loaded once)."""
-    if not _LIBC:
-        import ctypes
-        _LIBC.append(ctypes.CDLL(None, use_errno=True))
-    return _LIBC[0]
-
-
-def sync_filesystem(directory):
-    """Flush the file system holding directory in one call: True once that
-    is done. Only Linux syncfs on a local file system counts (FUSE and
-    network file systems do not flush their servers on syncfs); False when
-    it is not available or reports an error, and the caller then fsyncs
-    file by file, which reports every error."""
-    if not sys.platform.startswith("linux") or not syncfs_trusted(directory):
-        return False
-    try:
-        libc = c_library()
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            return libc.syncfs(fd) == 0
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError, ImportError):
-        return False
-
-
-# File systems whose syncfs writes everything back, journal and cache flush included.
-SYNCFS_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
-_SYNCFS_TRUST = {}
-
-
-def syncfs_trusted(directory):
-    """True when directory lies on a local file system named in
-    SYNCFS_FILE_SYSTEMS (read from /proc/self/mounts; remembered per
-    directory)."""
-    hit = _SYNCFS_TRUST.get(directory)
-    if hit is None:
-        hit = _SYNCFS_TRUST[directory] = file_system_type(directory) in SYNCFS_FILE_SYSTEMS
-    return hit
-
-
-def mount_table():
-    """[(mount point, file system type)] from /proc/self/mounts; [] when unknown."""
-    try:
-        with open("/proc/self/mounts", "rb") as fh:
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 3:
-            point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-            out.append((point, fields[2]))
-    return out
-
-
-def file_system_type(directory, mounts=None):
-    """The type of the mount that holds directory, or None."""
-    path = os.path.realpath(directory)
-    best, kind = "", None
-    for point, fs_type in mount_table() if mounts is None else mounts:
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fs_type
-    return kind
-
-
-def file_system_types_under(directory):
-    """The types of the file system holding directory and of every mount inside it."""
-    mounts = mount_table()
-    path = os.path.realpath(directory).rstrip("/") + "/"
-    return ({file_system_type(directory, mounts)}
-            | {fs_type for point, fs_type in mounts if point.startswith(path)})
-
-
-# Kernel interfaces mounted as folders: their "files" are live state, not
-# work to checkpoint, and writing a store there does harm or fails.
-PSEUDO_FILE_SYSTEMS = frozenset((
-    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
-    "securityfs", "pstore", "bpf", "configfs", "mqueue", "hugetlbfs", "fusectl",
-    "binfmt_misc", "efivarfs", "selinuxfs", "autofs", "rpc_pipefs", "nsfs"))
-
-
-def refuse_pseudo_file_system(root):
-    kind = file_system_type(root)
-    if kind in PSEUDO_FILE_SYSTEMS:
-        raise InvalidArgument("root %r is on the %s file system, where the kernel shows its "
-                              "own state, not files to checkpoint; choose a project "
-                              "directory" % (root, kind))
-
-
-def unwritten_bytes():
-    """Bytes the kernel still has to write back, all file systems together
-    (Dirty + Writeback in /proc/meminfo); None where that is not known."""
-    try:
-        with open("/proc/meminfo", "rb") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    values = [int(line.split()[1]) * 1024 for line in lines
-              if line.startswith((b"Dirty:", b"Writeback:"))]
-    return sum(values) if len(values) == 2 else None
-
-
-# A batch of fsyncs is replaced by one syncfs when the file system has at
-# most this much else to write: the flush then costs about one fsync, and
-# never waits long for other programs' data.
-SYNCFS_OTHER_DIRTY_LIMIT = 4 * 1024 * 1024
-
-# The state's counters of numbered records (steps, drifts, manifests).
-RECORD_COUNTERS = ("last_step", "last_drift", "last_manifest")
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
@@ -2714,20 +2726,32 @@ class PayloadStore:
 
 
 # ---------------------------------------------------------------------------
-# 7. Manifests: a delta chain with a full anchor every ANCHOR_EVERY
+# 8. Records: one named shape per record, and the files that hold them
 # ---------------------------------------------------------------------------
+
 # A manifest entry is a tuple (kind, sha, size, mode, mtime_ns): mtime_ns is
 # kept only for sensitive files (the one thing that tells they changed) and
 # is 0 otherwise, so touching a file does not make a new manifest.
-
 def manifest_entry(kind, sha, size, mode, mtime_ns=0):
     return (kind, sha, size, mode, mtime_ns if kind == KIND_SENSITIVE else 0)
+
+
+def index_row(info, kind, sha):
+    return [info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev, info.mode, kind, sha]
+
+
+def row_to_entry(row):
+    """Manifest entry for an index row."""
+    return manifest_entry(row[6], row[7], row[0], row[5], row[1])
+
+
+# The state's counters of numbered records (steps, drifts, manifests).
+RECORD_COUNTERS = ("last_step", "last_drift", "last_manifest")
 
 
 # Record shapes. Every record read from the store is checked before it is
 # used, so a damaged or hand-edited file is reported by name (StoreCorrupt)
 # instead of failing somewhere later.
-
 def _whole(value):
     return type(value) is int and value >= 0
 
@@ -2919,10 +2943,6 @@ class ManifestLog:
         self._remember(number, dict(new_map))
         return self.path(number)
 
-
-# ---------------------------------------------------------------------------
-# 8. Records: state, steps, drifts, index, the active pointer
-# ---------------------------------------------------------------------------
 
 def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -3233,46 +3253,17 @@ class TaskRecords:
                             lambda files: {rel: row_to_entry(row) for rel, row in files.items()})
 
 
-def index_row(info, kind, sha):
-    return [info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev, info.mode, kind, sha]
-
-
-def vouched_rows(scanned, old_rows, old_entries, trusted):
-    """(entries, rows, to_read) of a snapshot before any file is read:
-    sensitive files by size and mtime; files the stat cache vouches for
-    (trusted(row, info), None to trust nothing) keep their old row and
-    entry objects when nothing else changed, so comparing with the index
-    is mostly identity checks; to_read lists (rel, info) of the rest."""
-    entries, rows, to_read = {}, {}, []
-    for rel, info in scanned.items():
-        if info[6]:  # sensitive: size and mtime only, never read
-            rows[rel] = index_row(info, KIND_SENSITIVE, None)
-            entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
-                                          info.mtime_ns)
-            continue
-        row = old_rows.get(rel)
-        if row is not None and trusted is not None and row[6] != KIND_SENSITIVE \
-                and trusted(row, info):
-            if (row[5] == info[5] and row[2] == info[2] and row[3] == info[3]
-                    and row[4] == info[4]):
-                rows[rel] = row
-                entries[rel] = old_entries[rel]
-            else:
-                rows[rel] = index_row(info, row[6], row[7])
-                entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
-            continue
-        to_read.append((rel, info))
-    return entries, rows, to_read
-
-
-def row_to_entry(row):
-    """Manifest entry for an index row."""
-    return manifest_entry(row[6], row[7], row[0], row[5], row[1])
-
-
 # ---------------------------------------------------------------------------
-# 9. Journal: workspace changes that can always be rolled back
+# 9. Journal and Rollback: workspace changes that can always be undone
 # ---------------------------------------------------------------------------
+
+CHANGED_MEANWHILE_TEXT = "changed by something else while the %s ran; left as it is"
+
+LEFT_LIST_NAME = "left"  # in a journal's folder: one JSON string (a path) a line
+# In a journal's folder: {"only", "rewritten"} of an in-process rollback (see
+# Journal.rollback), which a retry of that rollback keeps to.
+ROLLBACK_SCOPE_NAME = "rollback.json"
+
 
 class Journal:
     """Backup, stage and apply workspace changes; roll back on any failure.
@@ -3456,20 +3447,6 @@ class Journal:
                                 only=touched, rewritten=rewritten)
 
 
-def path_length_limit(directory):
-    """The longest path (in bytes, with its terminating NUL) the system takes
-    under directory, or None where it does not say."""
-    try:
-        return os.pathconf(directory, "PC_PATH_MAX")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def sibling_temp(full, tag):
-    digest = hashlib.sha1(os.path.basename(full).encode("utf-8", "surrogatepass")).hexdigest()
-    return os.path.join(os.path.dirname(full), ".tc-%s-%s" % (tag[-17:], digest[:12]))
-
-
 def _holds_already(full, sha, mode, guard):
     """True when the regular file full (inside the workspace) holds sha; it
     is then given mode too. False when it holds other bytes or is no such file."""
@@ -3539,12 +3516,6 @@ def _put_back(payloads, full, before, guard):
         if exc.filename == tmp:
             raise named_after(exc, full) from None
         raise
-
-
-LEFT_LIST_NAME = "left"  # in a journal's folder: one JSON string (a path) a line
-# In a journal's folder: {"only", "rewritten"} of an in-process rollback (see
-# Journal.rollback), which a retry of that rollback keeps to.
-ROLLBACK_SCOPE_NAME = "rollback.json"
 
 
 def read_rollback_scope(directory):
@@ -3953,194 +3924,420 @@ def _rollback_records(store, directory, data):
             atomic_write(target, before, strict=True)
 
 
-def ensure_dir(path, made, guard):
-    """make_dirs_within once per workspace folder of a batch (made remembers
-    what exists)."""
-    if path not in made:
-        make_dirs_within(path, guard)
-        made.add(path)
+# ---------------------------------------------------------------------------
+# 10. Store: location, lock, recovery, the active pointer and task states
+# ---------------------------------------------------------------------------
+
+# Put in every store: git then leaves the store out of `status`, `add -A`,
+# `stash -u` (which would take it away from under a running server) and
+# `clean -d`, wherever the store sits in a repository. Nothing of the user's
+# repository is touched for it.
+STORE_GITIGNORE = (b"# Written by task-checkpoint-mcp: git leaves this store alone.\n"
+                   b"*\n")
 
 
-def remove_empty_dir(path):
+def ignore_in_git(directory):
+    """Write <directory>/.gitignore (everything ignored) unless one is there
+    (ours, or one the user put there); an empty one, as a power cut can leave
+    it, is written again. Best effort: tried at every write."""
+    path = os.path.join(directory, ".gitignore")
     try:
-        os.rmdir(path)
+        if os.lstat(path).st_size:
+            return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    try:
+        atomic_write(path, STORE_GITIGNORE, durable=False)
     except OSError:
         pass
 
 
-# ---------------------------------------------------------------------------
-# 9b. Restore planning: pure decisions about which files a restore touches
-# ---------------------------------------------------------------------------
-
-# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
-# there a recorded mode is compared by its owner-write bit alone: a package
-# made on Linux does not read as changed on every file.
-MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
-
-
-def same_content(have, want):
-    if have[0] != want[0]:
-        return False
-    if have[0] == KIND_SENSITIVE:
-        return have[2] == want[2] and have[4] == want[4]
-    return have[1] == want[1] and not (have[3] ^ want[3]) & MODE_BITS_COMPARED
-
-
-def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):
-    """What a restore to target changes in a workspace whose state is current.
-
-    skipped: paths the scan passed over (unreadable, symlinks, special
-    files); they are never touched, and neither is a path the workspace's
-    policy excludes. unseen: the same kind of items for the paths the target
-    record could not read when it was made; a file there is neither deleted
-    nor overwritten, but a missing one is written. Preview and apply compute
-    the same plan.
-    """
-    plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
-    untouchable = {item["path"]: item["reason"] for item in skipped}
-    not_seen = {item["path"]: item["reason"] for item in unseen}
-    for path, have in sorted(current.items()):
-        if path in target:
+def tasks_kept_for(store_dir, root):
+    """The tasks in store_dir that may be root's, as (ids, the damaged
+    among them), sorted: those whose state names root, the one the store
+    has active for root, and any whose state does not read (its workspace
+    is unknown)."""
+    tasks = os.path.join(store_dir, "tasks")
+    try:
+        names = sorted(os.listdir(tasks))
+    except OSError:
+        return [], []
+    kept, damaged = set(), []
+    try:
+        active = read_json(os.path.join(store_dir, "current.json"))["active"].get(root)
+    except (OSError, StoreCorrupt, KeyError, TypeError, AttributeError):
+        active = None
+    for name in names:
+        if not PLAIN_ID.match(name):
             continue
-        left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
-        if left:  # known only from an earlier record: never deleted unseen
-            plan["unrestorable"].append({"path": path, "reason": left})
-        elif have[0] == KIND_SENSITIVE:
-            plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
-        elif have[0] == KIND_BIG:
-            plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
-                                         "not deleted"})
-        else:
-            plan["to_delete"].append(path)
-    deleted = set(plan["to_delete"])
-    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
-    for path, want in sorted(target.items()):
-        have = current.get(path)
-        if have is not None and same_content(have, want):
-            continue
-        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
-                  or (have is not None and _left_in_place(path, not_seen))
-                  or _unrestorable_reason(path, have, want, has_payload, current, deleted))
-        if reason:
-            plan["unrestorable"].append({"path": path, "reason": reason})
-        else:
-            plan["to_replace" if have is not None else "to_write"].append(path)
-    return plan
-
-
-CHANGED_MEANWHILE_TEXT = "changed by something else while the %s ran; left as it is"
-IN_THE_WAY_TEXT = ("a file left as it is, or made while the restore ran, stands where one "
-                   "of its folders must go (or inside the folder that must give way to it); "
-                   "left as it is")
-FOLDER_IN_THE_WAY_TEXT = ("a folder with something in it stands there (what no scan listed: "
-                          "an excluded or empty folder, or files made meanwhile); move it away "
-                          "and restore again")
-
-
-def in_the_way(rel, left):
-    """Whether a path in left (left as it is by an operation) stands where
-    writing rel needs room: at one of rel's folders, or inside a folder at
-    rel that would have to give way to the file."""
-    parts = rel.split("/")
-    if any("/".join(parts[:n]) in left for n in range(1, len(parts))):
-        return True
-    inside = rel + "/"
-    return any(path.startswith(inside) for path in left)
-
-
-def plan_without(plan, left):
-    """The plan less the paths in left (those an operation left as they were)."""
-    if not left:
-        return plan
-    left = set(left)
-    return {key: [rel for rel in value if rel not in left] if isinstance(value, list) else value
-            for key, value in plan.items()}
-
-
-def ancestors(paths):
-    """Every directory that is a parent of one of paths."""
-    out = set()
-    for path in paths:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            out.add("/".join(parts[:depth]))
-    return out
-
-
-def _untouchable_reason(path, untouchable, kept_dirs, policy):
-    if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
-        return "excluded or sensitive in this workspace: never written"
-    left = _left_in_place(path, untouchable)
-    if left:
-        return left
-    if path in kept_dirs:
-        return "a directory with files that stay is in the way"
-    return None
-
-
-def _left_in_place(path, untouchable):
-    """Why a scan left path (or a folder above it) alone, or None."""
-    if not untouchable:
-        return None
-    if path in untouchable:
-        return "left in place: %s" % untouchable[path]
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        prefix = "/".join(parts[:depth])
-        if prefix in untouchable:
-            return "left in place: %r is %s" % (prefix, untouchable[prefix])
-    return None
-
-
-def _unrestorable_reason(path, have, want, has_payload, current, deleted):
-    if want[0] == KIND_SENSITIVE:
-        return "sensitive file: its content is never stored"
-    if want[0] == KIND_BIG:
-        return "over 100 MB: its content is not stored"
-    if have is not None and have[0] == KIND_SENSITIVE:
-        return "sensitive file in the workspace: never overwritten"
-    if have is not None and have[0] == KIND_BIG:
-        return "over 100 MB in the workspace, no stored copy: not overwritten"
-    if not has_payload(want[1]):
-        return "stored content is missing (reclaimed or lost)"
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        prefix = "/".join(parts[:depth])
-        if prefix in current and prefix not in deleted:
-            return "blocked by the file %r that stays in place" % prefix
-    return None
-
-
-def missing_dirs(root, rels):
-    """Directories a write of rels would create, parents first."""
-    out = []
-    there = {}  # folder -> whether it exists
-    for rel in rels:
-        sub, absent = "", False
-        for part in rel.split("/")[:-1]:
-            sub = sub + "/" + part if sub else part
-            known = there.get(sub)
-            if known is None:  # below a missing folder nothing exists
-                known = there[sub] = not absent and os.path.lexists(os.path.join(root, sub))
-                if not known:
-                    out.append(sub)
-            absent = not known
-    return out
-
-
-def prune_empty_dirs(root, directory, guard):
-    """Remove directories left empty by deletions, up to (not including) root
-    (each through its checked parent)."""
-    while directory and directory != root and directory.startswith(root + os.sep):
         try:
-            rmdir_within(directory, guard)
+            state = read_json(os.path.join(tasks, name, "state.json"))
+        except FileNotFoundError:  # an init that died midway: no task
+            continue
+        except (OSError, StoreCorrupt):
+            damaged.append(name)
+            continue
+        if name == active or (isinstance(state, dict) and state.get("root") == root):
+            kept.add(name)
+    return sorted(kept.union(damaged)), damaged
+
+
+# The temporary name an export builds its package under (see Checkpoints.export).
+DEAD_EXPORT_NAME = re.compile(r"\A\.[^/\\]+-handoff\.tmp-[0-9a-f]+\Z")
+
+
+def _export_note_target(note):
+    """The package folder an export note names, or None when the note is not
+    a small regular file holding one (a link, a FIFO, a folder, garbage)."""
+    try:
+        fh, st = open_regular(note)
+        with fh:
+            if st.st_size > 64 << 10:
+                return None
+            tmp = json.loads(fh.read_all(st.st_size).decode("utf-8")).get("tmp")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if not (isinstance(tmp, str) and "\x00" not in tmp and os.path.isabs(tmp)
+            and DEAD_EXPORT_NAME.match(os.path.basename(tmp))):
+        return None
+    try:
+        os.fsencode(tmp)  # (a lone surrogate names no file)
+    except UnicodeError:
+        return None
+    return tmp
+
+
+def sweep_temp_files(directory):
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(directory):
+        if os.path.basename(dirpath) == "journal":
+            dirnames[:] = []
+            continue
+        for name in filenames:
+            if name.startswith(".tmp-"):
+                count += remove_file(os.path.join(dirpath, name))
+    return count
+
+
+class Store:
+    """One store directory: lock, payloads, per-task records, the active pointer."""
+
+    def __init__(self, directory, log):
+        self.directory = directory
+        self.log = log
+        self.payloads = PayloadStore(os.path.join(directory, "payload"))
+        self.lock = StoreLock(os.path.join(directory, "state.lock"),
+                              on_acquire=self.recover, on_release=self.end_write)
+        self._tasks = {}
+        self._writing = False
+        self._rollback_failures = {}  # journal folder -> error of its last rollback
+        # A writer died since this process last looked: its last step may
+        # lack its git ref; the tasks whose saves have checked since (see
+        # Checkpoints._save_git).
+        self.writer_died = False
+        self.refs_checked = set()
+
+    def task(self, task_id):
+        records = self._tasks.get(task_id)
+        if records is None:
+            records = self._tasks[task_id] = TaskRecords(self.directory, task_id)
+        return records
+
+    def forget_caches(self):
+        self._tasks.clear()
+        self.payloads.forget_dirs()
+
+    def task_ids(self):
+        try:
+            names = os.listdir(os.path.join(self.directory, "tasks"))
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if PLAIN_ID.match(n))
+
+    @property
+    def current_path(self):
+        return os.path.join(self.directory, "current.json")
+
+    def read_current(self):
+        doc = read_json_or(self.current_path, None)
+        if doc is None:
+            return {}
+        active = doc.get("active") if type(doc) is dict else None
+        if type(active) is not dict or not all(
+                type(k) is str and type(v) is str for k, v in active.items()):
+            raise StoreCorrupt("store file %r (which task each workspace has active) is "
+                               "damaged; delete it, then tc_switch to the task you want "
+                               "(the task ids are the folders under %r)"
+                               % (self.current_path, os.path.join(self.directory, "tasks")))
+        return dict(active)
+
+    def write_current(self, active):
+        write_record(self.current_path, {"format": 1, "active": active})
+
+    def named_content(self):
+        """Every sha256 named anywhere in the task records or journals (a
+        superset of the content still in use), or None when one of those
+        files cannot be read."""
+        named, failed = set(), []
+        for top in ("tasks", "journal", KEPT_DIRNAME):
+            top = os.path.join(self.directory, top)
+            if not os.path.isdir(top):
+                continue
+            for dirpath, _dirnames, filenames in os.walk(top, onerror=failed.append):
+                for name in filenames:
+                    if name.startswith(".tmp-"):
+                        continue
+                    try:
+                        with open_regular(os.path.join(dirpath, name))[0] as fh:
+                            data = b"".join(fh.blocks())
+                    except FileNotFoundError:
+                        continue
+                    except OSError:
+                        return None
+                    named.update(m.decode("ascii") for m in _NAMED_SHA.findall(data))
+        return None if failed else named
+
+    def rollback_blocker(self):
+        """What kept a pending rollback from finishing at its last try, or None."""
+        for directory in self.journal_dirs():
+            failure = self._rollback_failures.get(directory)
+            if failure:
+                return failure
+        return None
+
+    def journal_dirs(self):
+        base = os.path.join(self.directory, "journal")
+        try:
+            return [os.path.join(base, n) for n in sorted(os.listdir(base))]
+        except FileNotFoundError:
+            return []
+
+    def clock_stamp(self, root):
+        """The file system's clock now, read before a scan starts.
+
+        A file whose mtime and ctime are older than this stamp cannot change
+        without its stat changing. Read from a file touched in the store, so
+        the stamp and the files' times come from the same clock; when the
+        store is on another device, the wall clock minus a margin stands in.
+        """
+        path = os.path.join(self.directory, "clock")
+        try:
+            with open(path, "ab"):
+                pass
+            os.utime(path)
+            st = os.stat(path)
+            if st.st_dev == os.stat(root).st_dev:
+                return st.st_mtime_ns
+        except OSError:
+            pass
+        return time.time_ns() - RACY_MARGIN_NS
+
+    @property
+    def marker_path(self):
+        return os.path.join(self.directory, "writing")
+
+    def begin_write(self):
+        """Mark the store as being written until the lock is released.
+
+        A marker still present when the lock is next taken means the writer
+        died: its temporary files are swept and its journal rolled back.
+        """
+        if not self._writing:
+            with open(self.marker_path, "wb"):
+                pass
+            self._writing = True
+            ignore_in_git(self.directory)
+
+    def end_write(self):
+        if self._writing:
+            if self.payloads.suspect:
+                # Left in place: the next lock holder checks recent payloads.
+                self.log("a failed write left files it could not remove; they are "
+                         "checked when the store is next locked")
+                self.payloads.suspect = False
+            else:
+                remove_file(self.marker_path)
+            self._writing = False
+
+    @property
+    def exports_path(self):
+        return os.path.join(self.directory, "exporting")
+
+    def begin_export(self, tmp):
+        """Note where an export builds its package (one note per export, in
+        exporting/): found at a later lock, a note whose package no process
+        holds means the export died, and the package is removed. Returns the
+        note, or None: a store that cannot be written still exports."""
+        note = os.path.join(self.exports_path, os.path.basename(tmp) + ".json")
+        try:
+            if not os.path.isdir(self.exports_path) or os.path.islink(self.exports_path):
+                if os.path.lexists(self.exports_path):  # not ours as it should be
+                    remove_file(self.exports_path)
+                os.makedirs(self.exports_path, exist_ok=True)
+            with open(note, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps({"tmp": tmp}))
+        except OSError:
+            return None
+        return note
+
+    @staticmethod
+    def end_export(note):
+        if note is not None:
+            try:
+                remove_file(note)
+            except OSError:  # a note left over only costs its check at a later lock
+                pass
+
+    def _clear_dead_exports(self):
+        if os.path.islink(self.exports_path):
+            return  # not the store's own folder: nothing in it is read (begin_export replaces it)
+        try:
+            names = os.listdir(self.exports_path)
         except OSError:
             return
-        directory = os.path.dirname(directory)
+        for name in names:
+            note = os.path.join(self.exports_path, name)
+            tmp = _export_note_target(note)
+            if tmp is None or name != os.path.basename(tmp) + ".json":
+                try:  # not a note this code wrote: it names nothing to remove
+                    remove_file(note)
+                except OSError:
+                    pass
+                continue
+            try:
+                abandoned = folder_abandoned(tmp)
+                if abandoned is None:
+                    continue  # cannot be told yet: the note stays for a later lock
+                if abandoned:
+                    remove_tree(tmp)
+                    self.log("removed %r, the unfinished package of an export that was "
+                             "stopped" % tmp)
+            except Exception as exc:  # never a reason for the lock to fail
+                self.log("the export note %r was dropped: %s" % (note, exc))
+            self.end_export(note)
+
+    def recover(self):
+        """Clean up after a writer that died (called with the lock newly held).
+        Content the dead writer (or a rollback cut short) left half written is
+        removed first, so that a rollback never takes it for a stored copy."""
+        self._clear_dead_exports()
+        try:
+            marked_ns = os.stat(self.marker_path).st_mtime_ns
+        except FileNotFoundError:
+            marked_ns = None
+        if marked_ns is not None:
+            self.writer_died, self.refs_checked = True, set()
+            swept = sweep_temp_files(self.directory)
+            if swept:
+                self.log("removed %d temporary file(s) left by an interrupted write" % swept)
+            cut = self.payloads.verify_since(marked_ns - RACY_MARGIN_NS)
+            if cut:
+                self.log("removed %d stored content file(s) an interrupted write left "
+                         "incomplete" % cut)
+        journals = self.journal_dirs()
+        for gone in set(self._rollback_failures) - set(journals):
+            del self._rollback_failures[gone]  # rolled back by another process
+        for directory in journals:
+            # Every lock retries a rollback that failed; the log says so once
+            # per journal and error, not at every watcher tick.
+            failed_before = self._rollback_failures.get(directory)
+            if failed_before is None:
+                self.log("rolling back the interrupted operation %s"
+                         % os.path.basename(directory))
+            try:
+                rollback_journal(self, directory, keep_edits=True)
+            except Exception as exc:  # kept for the next try; writes refuse meanwhile
+                if str(exc) != failed_before:
+                    self.log("rollback of %s failed: %s" % (directory, exc))
+                self._rollback_failures[directory] = str(exc)
+            else:
+                if self._rollback_failures.pop(directory, None) is not None:
+                    self.log("rolled back %s after all" % os.path.basename(directory))
+        if marked_ns is not None:
+            for task_id in self.task_ids():
+                if not self.task(task_id).exists():
+                    # A task directory without a state is a tc_init that died
+                    # midway (imports are journaled and were rolled back above).
+                    remove_tree(self.task(task_id).directory)
+                    continue
+                self.reconcile_numbers(task_id)
+            remove_file(self.marker_path)
+
+    def reconcile_numbers(self, task_id):
+        """Count records a dead writer left beyond its state, so no number is reused.
+
+        A save cut off after its step (and the manifest and drift before it)
+        landed but before the state file moved leaves complete records; they
+        stay, and new records get numbers after them. A record beyond the
+        state that does not parse (its bytes never reached the disk before a
+        power cut; the state never pointed at it) is removed.
+        """
+        records = self.task(task_id)
+        try:
+            state = records.read_state()
+        except (NotFound, StoreCorrupt):
+            return
+        changed = False
+        for key, (numbers, path_of) in records.numbered_records().items():
+            kept = [n for n in numbers if n <= state.get(key, 0) or self._whole(path_of(n))]
+            if kept and kept[-1] > state.get(key, 0):
+                state[key] = kept[-1]
+                changed = True
+        if changed:
+            self.log("task %s: counted records left by an interrupted write" % task_id)
+            records.write_state(state)
+
+
+    def _whole(self, path):
+        """True when a record left beyond its task's state parses; else it is removed."""
+        try:
+            if isinstance(read_json(path), dict):
+                return True
+        except StoreCorrupt:
+            pass
+        except OSError:
+            return False
+        self.log("removed %r, a record an interrupted write left incomplete" % path)
+        remove_file(path)
+        return False
+
+
+class Workspace:
+    """A validated root, its store, and (when resolved) a task."""
+
+    def __init__(self, root, store, task_id=None, state=None):
+        self.root = root
+        self.store = store
+        self.task_id = task_id
+        self.state = state
+        self.from_pointer = False  # the task is the root's active one, not a named one
+        self._guard = False
+
+    @property
+    def guard(self):
+        """kernel_path(root), found once: what the file checks compare with."""
+        if self._guard is False:
+            self._guard = kernel_path(self.root)
+        return self._guard
+
+    @property
+    def records(self):
+        return self.store.task(self.task_id)
+
+    def policy_key(self):
+        exclude = self.state.get("exclude", []) if self.state else []
+        return (self.root, tuple(exclude), store_rel_in(self.root, self.store.directory))
+
+
+def slugify(name):
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
+    return slug or "task"
 
 
 # ---------------------------------------------------------------------------
-# 10. Watcher: a pure quiet-period decision plus a thread that applies it
+# 11. Watcher: a pure quiet-period decision plus a thread that applies it
 # ---------------------------------------------------------------------------
 
 def watch_decision(pending, now, signature, max_wait):
@@ -4562,6 +4759,10 @@ class Watcher:
 
 
 # ---------------------------------------------------------------------------
+# 12. Git: every new step as refs/checkpoints/<task_id>/sNNNN
+# ---------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------
 # 11. GitRefWriter: every new step as refs/checkpoints/<task_id>/sNNNN
 # ---------------------------------------------------------------------------
 GIT_REF_PREFIX = "refs/checkpoints/"
@@ -4584,8 +4785,11 @@ GIT_FORCED_CONFIG = ("core.splitIndex=false", "core.untrackedCache=false",
                      "commit.gpgSign=false")
 # A save with at least this many files new to git hashes them in parallel.
 SPLIT_HASHING = 256
-_REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+\Z")
 
+# Git processes that hash a first save's files side by side.
+GIT_HASH_PROCESSES = max(1, min(4, os.cpu_count() or 1))
+
+_REF_COMPONENT = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.lock$)(?!.*\.$)[A-Za-z0-9._-]+\Z")
 
 # A git process that runs this long is stopped (a hung network mount under
 # .git, say): the save stands, without its ref, instead of waiting forever.
@@ -5397,12 +5601,11 @@ class _GitRunner:
 
 
 # ---------------------------------------------------------------------------
-# 12. Handoff: text, export package, import
+# 13. Handoff format: the handoff text, HANDOFF.md, reading and checking a package
 # ---------------------------------------------------------------------------
 
 PACKAGE_FORMAT = 1
 PACKAGE_DESCRIPTION = "handoff.json"
-
 
 # Characters that would start a new line (or hide text) in a handoff: a file
 # name can hold them, and must not forge a line such as "Next step: ...".
@@ -5745,358 +5948,8 @@ def carried_history_shas(package, desc):
 
 
 # ---------------------------------------------------------------------------
-# 13. The store and the Checkpoints facade: one short method per tool
+# 14. Recorder: how a workspace becomes records
 # ---------------------------------------------------------------------------
-
-def tasks_kept_for(store_dir, root):
-    """The tasks in store_dir that may be root's, as (ids, the damaged
-    among them), sorted: those whose state names root, the one the store
-    has active for root, and any whose state does not read (its workspace
-    is unknown)."""
-    tasks = os.path.join(store_dir, "tasks")
-    try:
-        names = sorted(os.listdir(tasks))
-    except OSError:
-        return [], []
-    kept, damaged = set(), []
-    try:
-        active = read_json(os.path.join(store_dir, "current.json"))["active"].get(root)
-    except (OSError, StoreCorrupt, KeyError, TypeError, AttributeError):
-        active = None
-    for name in names:
-        if not PLAIN_ID.match(name):
-            continue
-        try:
-            state = read_json(os.path.join(tasks, name, "state.json"))
-        except FileNotFoundError:  # an init that died midway: no task
-            continue
-        except (OSError, StoreCorrupt):
-            damaged.append(name)
-            continue
-        if name == active or (isinstance(state, dict) and state.get("root") == root):
-            kept.add(name)
-    return sorted(kept.union(damaged)), damaged
-
-
-# The temporary name an export builds its package under (see Checkpoints.export).
-DEAD_EXPORT_NAME = re.compile(r"\A\.[^/\\]+-handoff\.tmp-[0-9a-f]+\Z")
-
-
-def _export_note_target(note):
-    """The package folder an export note names, or None when the note is not
-    a small regular file holding one (a link, a FIFO, a folder, garbage)."""
-    try:
-        fh, st = open_regular(note)
-        with fh:
-            if st.st_size > 64 << 10:
-                return None
-            tmp = json.loads(fh.read_all(st.st_size).decode("utf-8")).get("tmp")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return None
-    if not (isinstance(tmp, str) and "\x00" not in tmp and os.path.isabs(tmp)
-            and DEAD_EXPORT_NAME.match(os.path.basename(tmp))):
-        return None
-    try:
-        os.fsencode(tmp)  # (a lone surrogate names no file)
-    except UnicodeError:
-        return None
-    return tmp
-
-
-class Store:
-    """One store directory: lock, payloads, per-task records, the active pointer."""
-
-    def __init__(self, directory, log):
-        self.directory = directory
-        self.log = log
-        self.payloads = PayloadStore(os.path.join(directory, "payload"))
-        self.lock = StoreLock(os.path.join(directory, "state.lock"),
-                              on_acquire=self.recover, on_release=self.end_write)
-        self._tasks = {}
-        self._writing = False
-        self._rollback_failures = {}  # journal folder -> error of its last rollback
-        # A writer died since this process last looked: its last step may
-        # lack its git ref; the tasks whose saves have checked since (see
-        # Checkpoints._save_git).
-        self.writer_died = False
-        self.refs_checked = set()
-
-    def task(self, task_id):
-        records = self._tasks.get(task_id)
-        if records is None:
-            records = self._tasks[task_id] = TaskRecords(self.directory, task_id)
-        return records
-
-    def forget_caches(self):
-        self._tasks.clear()
-        self.payloads.forget_dirs()
-
-    def task_ids(self):
-        try:
-            names = os.listdir(os.path.join(self.directory, "tasks"))
-        except FileNotFoundError:
-            return []
-        return sorted(n for n in names if PLAIN_ID.match(n))
-
-    @property
-    def current_path(self):
-        return os.path.join(self.directory, "current.json")
-
-    def read_current(self):
-        doc = read_json_or(self.current_path, None)
-        if doc is None:
-            return {}
-        active = doc.get("active") if type(doc) is dict else None
-        if type(active) is not dict or not all(
-                type(k) is str and type(v) is str for k, v in active.items()):
-            raise StoreCorrupt("store file %r (which task each workspace has active) is "
-                               "damaged; delete it, then tc_switch to the task you want "
-                               "(the task ids are the folders under %r)"
-                               % (self.current_path, os.path.join(self.directory, "tasks")))
-        return dict(active)
-
-    def write_current(self, active):
-        write_record(self.current_path, {"format": 1, "active": active})
-
-    def named_content(self):
-        """Every sha256 named anywhere in the task records or journals (a
-        superset of the content still in use), or None when one of those
-        files cannot be read."""
-        named, failed = set(), []
-        for top in ("tasks", "journal", KEPT_DIRNAME):
-            top = os.path.join(self.directory, top)
-            if not os.path.isdir(top):
-                continue
-            for dirpath, _dirnames, filenames in os.walk(top, onerror=failed.append):
-                for name in filenames:
-                    if name.startswith(".tmp-"):
-                        continue
-                    try:
-                        with open_regular(os.path.join(dirpath, name))[0] as fh:
-                            data = b"".join(fh.blocks())
-                    except FileNotFoundError:
-                        continue
-                    except OSError:
-                        return None
-                    named.update(m.decode("ascii") for m in _NAMED_SHA.findall(data))
-        return None if failed else named
-
-    def rollback_blocker(self):
-        """What kept a pending rollback from finishing at its last try, or None."""
-        for directory in self.journal_dirs():
-            failure = self._rollback_failures.get(directory)
-            if failure:
-                return failure
-        return None
-
-    def journal_dirs(self):
-        base = os.path.join(self.directory, "journal")
-        try:
-            return [os.path.join(base, n) for n in sorted(os.listdir(base))]
-        except FileNotFoundError:
-            return []
-
-    def clock_stamp(self, root):
-        """The file system's clock now, read before a scan starts.
-
-        A file whose mtime and ctime are older than this stamp cannot change
-        without its stat changing. Read from a file touched in the store, so
-        the stamp and the files' times come from the same clock; when the
-        store is on another device, the wall clock minus a margin stands in.
-        """
-        path = os.path.join(self.directory, "clock")
-        try:
-            with open(path, "ab"):
-                pass
-            os.utime(path)
-            st = os.stat(path)
-            if st.st_dev == os.stat(root).st_dev:
-                return st.st_mtime_ns
-        except OSError:
-            pass
-        return time.time_ns() - RACY_MARGIN_NS
-
-    @property
-    def marker_path(self):
-        return os.path.join(self.directory, "writing")
-
-    def begin_write(self):
-        """Mark the store as being written until the lock is released.
-
-        A marker still present when the lock is next taken means the writer
-        died: its temporary files are swept and its journal rolled back.
-        """
-        if not self._writing:
-            with open(self.marker_path, "wb"):
-                pass
-            self._writing = True
-            ignore_in_git(self.directory)
-
-    def end_write(self):
-        if self._writing:
-            if self.payloads.suspect:
-                # Left in place: the next lock holder checks recent payloads.
-                self.log("a failed write left files it could not remove; they are "
-                         "checked when the store is next locked")
-                self.payloads.suspect = False
-            else:
-                remove_file(self.marker_path)
-            self._writing = False
-
-    @property
-    def exports_path(self):
-        return os.path.join(self.directory, "exporting")
-
-    def begin_export(self, tmp):
-        """Note where an export builds its package (one note per export, in
-        exporting/): found at a later lock, a note whose package no process
-        holds means the export died, and the package is removed. Returns the
-        note, or None: a store that cannot be written still exports."""
-        note = os.path.join(self.exports_path, os.path.basename(tmp) + ".json")
-        try:
-            if not os.path.isdir(self.exports_path) or os.path.islink(self.exports_path):
-                if os.path.lexists(self.exports_path):  # not ours as it should be
-                    remove_file(self.exports_path)
-                os.makedirs(self.exports_path, exist_ok=True)
-            with open(note, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps({"tmp": tmp}))
-        except OSError:
-            return None
-        return note
-
-    @staticmethod
-    def end_export(note):
-        if note is not None:
-            try:
-                remove_file(note)
-            except OSError:  # a note left over only costs its check at a later lock
-                pass
-
-    def _clear_dead_exports(self):
-        if os.path.islink(self.exports_path):
-            return  # not the store's own folder: nothing in it is read (begin_export replaces it)
-        try:
-            names = os.listdir(self.exports_path)
-        except OSError:
-            return
-        for name in names:
-            note = os.path.join(self.exports_path, name)
-            tmp = _export_note_target(note)
-            if tmp is None or name != os.path.basename(tmp) + ".json":
-                try:  # not a note this code wrote: it names nothing to remove
-                    remove_file(note)
-                except OSError:
-                    pass
-                continue
-            try:
-                abandoned = folder_abandoned(tmp)
-                if abandoned is None:
-                    continue  # cannot be told yet: the note stays for a later lock
-                if abandoned:
-                    remove_tree(tmp)
-                    self.log("removed %r, the unfinished package of an export that was "
-                             "stopped" % tmp)
-            except Exception as exc:  # never a reason for the lock to fail
-                self.log("the export note %r was dropped: %s" % (note, exc))
-            self.end_export(note)
-
-    def recover(self):
-        """Clean up after a writer that died (called with the lock newly held).
-        Content the dead writer (or a rollback cut short) left half written is
-        removed first, so that a rollback never takes it for a stored copy."""
-        self._clear_dead_exports()
-        try:
-            marked_ns = os.stat(self.marker_path).st_mtime_ns
-        except FileNotFoundError:
-            marked_ns = None
-        if marked_ns is not None:
-            self.writer_died, self.refs_checked = True, set()
-            swept = sweep_temp_files(self.directory)
-            if swept:
-                self.log("removed %d temporary file(s) left by an interrupted write" % swept)
-            cut = self.payloads.verify_since(marked_ns - RACY_MARGIN_NS)
-            if cut:
-                self.log("removed %d stored content file(s) an interrupted write left "
-                         "incomplete" % cut)
-        journals = self.journal_dirs()
-        for gone in set(self._rollback_failures) - set(journals):
-            del self._rollback_failures[gone]  # rolled back by another process
-        for directory in journals:
-            # Every lock retries a rollback that failed; the log says so once
-            # per journal and error, not at every watcher tick.
-            failed_before = self._rollback_failures.get(directory)
-            if failed_before is None:
-                self.log("rolling back the interrupted operation %s"
-                         % os.path.basename(directory))
-            try:
-                rollback_journal(self, directory, keep_edits=True)
-            except Exception as exc:  # kept for the next try; writes refuse meanwhile
-                if str(exc) != failed_before:
-                    self.log("rollback of %s failed: %s" % (directory, exc))
-                self._rollback_failures[directory] = str(exc)
-            else:
-                if self._rollback_failures.pop(directory, None) is not None:
-                    self.log("rolled back %s after all" % os.path.basename(directory))
-        if marked_ns is not None:
-            for task_id in self.task_ids():
-                if not self.task(task_id).exists():
-                    # A task directory without a state is a tc_init that died
-                    # midway (imports are journaled and were rolled back above).
-                    remove_tree(self.task(task_id).directory)
-                    continue
-                self.reconcile_numbers(task_id)
-            remove_file(self.marker_path)
-
-    def reconcile_numbers(self, task_id):
-        """Count records a dead writer left beyond its state, so no number is reused.
-
-        A save cut off after its step (and the manifest and drift before it)
-        landed but before the state file moved leaves complete records; they
-        stay, and new records get numbers after them. A record beyond the
-        state that does not parse (its bytes never reached the disk before a
-        power cut; the state never pointed at it) is removed.
-        """
-        records = self.task(task_id)
-        try:
-            state = records.read_state()
-        except (NotFound, StoreCorrupt):
-            return
-        changed = False
-        for key, (numbers, path_of) in records.numbered_records().items():
-            kept = [n for n in numbers if n <= state.get(key, 0) or self._whole(path_of(n))]
-            if kept and kept[-1] > state.get(key, 0):
-                state[key] = kept[-1]
-                changed = True
-        if changed:
-            self.log("task %s: counted records left by an interrupted write" % task_id)
-            records.write_state(state)
-
-
-    def _whole(self, path):
-        """True when a record left beyond its task's state parses; else it is removed."""
-        try:
-            if isinstance(read_json(path), dict):
-                return True
-        except StoreCorrupt:
-            pass
-        except OSError:
-            return False
-        self.log("removed %r, a record an interrupted write left incomplete" % path)
-        remove_file(path)
-        return False
-
-
-def sweep_temp_files(directory):
-    count = 0
-    for dirpath, dirnames, filenames in os.walk(directory):
-        if os.path.basename(dirpath) == "journal":
-            dirnames[:] = []
-            continue
-        for name in filenames:
-            if name.startswith(".tmp-"):
-                count += remove_file(os.path.join(dirpath, name))
-    return count
-
 
 # entries: rel -> manifest entry; rows: rel -> index row; reads: files read;
 # skipped: [{"path", "reason"}]; stamp_ns: the index's clock stamp;
@@ -6106,45 +5959,62 @@ Snapshot = collections.namedtuple("Snapshot",
                                   "entries rows reads skipped stamp_ns created unseen")
 
 
-class Workspace:
-    """A validated root, its store, and (when resolved) a task."""
-
-    def __init__(self, root, store, task_id=None, state=None):
-        self.root = root
-        self.store = store
-        self.task_id = task_id
-        self.state = state
-        self.from_pointer = False  # the task is the root's active one, not a named one
-        self._guard = False
-
-    @property
-    def guard(self):
-        """kernel_path(root), found once: what the file checks compare with."""
-        if self._guard is False:
-            self._guard = kernel_path(self.root)
-        return self._guard
-
-    @property
-    def records(self):
-        return self.store.task(self.task_id)
-
-    def policy_key(self):
-        exclude = self.state.get("exclude", []) if self.state else []
-        return (self.root, tuple(exclude), store_rel_in(self.root, self.store.directory))
-
-
-def store_rel_in(root, store_dir):
-    """store_dir relative to root when it lies inside root, else None."""
-    rel = os.path.relpath(store_dir, root)
-    if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir or os.path.isabs(rel):
-        return None
-    return rel.replace(os.sep, "/")
+def vouched_rows(scanned, old_rows, old_entries, trusted):
+    """(entries, rows, to_read) of a snapshot before any file is read:
+    sensitive files by size and mtime; files the stat cache vouches for
+    (trusted(row, info), None to trust nothing) keep their old row and
+    entry objects when nothing else changed, so comparing with the index
+    is mostly identity checks; to_read lists (rel, info) of the rest."""
+    entries, rows, to_read = {}, {}, []
+    for rel, info in scanned.items():
+        if info[6]:  # sensitive: size and mtime only, never read
+            rows[rel] = index_row(info, KIND_SENSITIVE, None)
+            entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
+                                          info.mtime_ns)
+            continue
+        row = old_rows.get(rel)
+        if row is not None and trusted is not None and row[6] != KIND_SENSITIVE \
+                and trusted(row, info):
+            if (row[5] == info[5] and row[2] == info[2] and row[3] == info[3]
+                    and row[4] == info[4]):
+                rows[rel] = row
+                entries[rel] = old_entries[rel]
+            else:
+                rows[rel] = index_row(info, row[6], row[7])
+                entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
+            continue
+        to_read.append((rel, info))
+    return entries, rows, to_read
 
 
-def slugify(name):
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
-    return slug or "task"
+def carry_unknown(paths, old_rows, old_entries, rows, entries):
+    """Give the paths a scan could not read (files, and folders ending in
+    "/") their last known entries: a file nobody could look at is not a
+    deletion, and a later restore of the record must not remove it. Their
+    rows get a ctime no file has, so the stat cache never vouches for them:
+    the first scan that can read them does."""
+    unseen = unseen_test(paths)
+    for rel, row in old_rows.items():
+        if rel not in rows and unseen(rel):
+            entry = old_entries.get(rel)
+            if entry is not None:
+                rows[rel] = list(row[:2]) + [-1] + list(row[3:])
+                entries[rel] = entry
 
+
+def seen_as(row):
+    """What an operation checks a file against before it writes or removes
+    it: (size, mtime) of its snapshot row, or None where the snapshot saw no
+    file. Not the ctime or the inode: the operation's own work on other
+    names of a hard-linked file moves the ctime, and so do a chmod or an
+    extended attribute another program sets; some file systems renumber
+    inodes. A writer moves the mtime."""
+    return None if row is None else (row[0], row[1])
+
+
+# ---------------------------------------------------------------------------
+# 15. Operations
+# ---------------------------------------------------------------------------
 
 def find_groups(entries):
     """Top-level X.p3d expects the companion X.p3dat."""
@@ -6156,6 +6026,148 @@ def find_groups(entries):
                            "status": "ok" if companion in entries else "missing"})
     return groups
 
+
+# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
+# there a recorded mode is compared by its owner-write bit alone: a package
+# made on Linux does not read as changed on every file.
+MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
+
+
+def same_content(have, want):
+    if have[0] != want[0]:
+        return False
+    if have[0] == KIND_SENSITIVE:
+        return have[2] == want[2] and have[4] == want[4]
+    return have[1] == want[1] and not (have[3] ^ want[3]) & MODE_BITS_COMPARED
+
+
+def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):
+    """What a restore to target changes in a workspace whose state is current.
+
+    skipped: paths the scan passed over (unreadable, symlinks, special
+    files); they are never touched, and neither is a path the workspace's
+    policy excludes. unseen: the same kind of items for the paths the target
+    record could not read when it was made; a file there is neither deleted
+    nor overwritten, but a missing one is written. Preview and apply compute
+    the same plan.
+    """
+    plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
+    untouchable = {item["path"]: item["reason"] for item in skipped}
+    not_seen = {item["path"]: item["reason"] for item in unseen}
+    for path, have in sorted(current.items()):
+        if path in target:
+            continue
+        left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
+        if left:  # known only from an earlier record: never deleted unseen
+            plan["unrestorable"].append({"path": path, "reason": left})
+        elif have[0] == KIND_SENSITIVE:
+            plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
+        elif have[0] == KIND_BIG:
+            plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
+                                         "not deleted"})
+        else:
+            plan["to_delete"].append(path)
+    deleted = set(plan["to_delete"])
+    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
+    for path, want in sorted(target.items()):
+        have = current.get(path)
+        if have is not None and same_content(have, want):
+            continue
+        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
+                  or (have is not None and _left_in_place(path, not_seen))
+                  or _unrestorable_reason(path, have, want, has_payload, current, deleted))
+        if reason:
+            plan["unrestorable"].append({"path": path, "reason": reason})
+        else:
+            plan["to_replace" if have is not None else "to_write"].append(path)
+    return plan
+
+
+IN_THE_WAY_TEXT = ("a file left as it is, or made while the restore ran, stands where one "
+                   "of its folders must go (or inside the folder that must give way to it); "
+                   "left as it is")
+FOLDER_IN_THE_WAY_TEXT = ("a folder with something in it stands there (what no scan listed: "
+                          "an excluded or empty folder, or files made meanwhile); move it away "
+                          "and restore again")
+
+
+def in_the_way(rel, left):
+    """Whether a path in left (left as it is by an operation) stands where
+    writing rel needs room: at one of rel's folders, or inside a folder at
+    rel that would have to give way to the file."""
+    parts = rel.split("/")
+    if any("/".join(parts[:n]) in left for n in range(1, len(parts))):
+        return True
+    inside = rel + "/"
+    return any(path.startswith(inside) for path in left)
+
+
+def plan_without(plan, left):
+    """The plan less the paths in left (those an operation left as they were)."""
+    if not left:
+        return plan
+    left = set(left)
+    return {key: [rel for rel in value if rel not in left] if isinstance(value, list) else value
+            for key, value in plan.items()}
+
+
+def ancestors(paths):
+    """Every directory that is a parent of one of paths."""
+    out = set()
+    for path in paths:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            out.add("/".join(parts[:depth]))
+    return out
+
+
+def _untouchable_reason(path, untouchable, kept_dirs, policy):
+    if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
+        return "excluded or sensitive in this workspace: never written"
+    left = _left_in_place(path, untouchable)
+    if left:
+        return left
+    if path in kept_dirs:
+        return "a directory with files that stay is in the way"
+    return None
+
+
+def _left_in_place(path, untouchable):
+    """Why a scan left path (or a folder above it) alone, or None."""
+    if not untouchable:
+        return None
+    if path in untouchable:
+        return "left in place: %s" % untouchable[path]
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if prefix in untouchable:
+            return "left in place: %r is %s" % (prefix, untouchable[prefix])
+    return None
+
+
+def _unrestorable_reason(path, have, want, has_payload, current, deleted):
+    if want[0] == KIND_SENSITIVE:
+        return "sensitive file: its content is never stored"
+    if want[0] == KIND_BIG:
+        return "over 100 MB: its content is not stored"
+    if have is not None and have[0] == KIND_SENSITIVE:
+        return "sensitive file in the workspace: never overwritten"
+    if have is not None and have[0] == KIND_BIG:
+        return "over 100 MB in the workspace, no stored copy: not overwritten"
+    if not has_payload(want[1]):
+        return "stored content is missing (reclaimed or lost)"
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if prefix in current and prefix not in deleted:
+            return "blocked by the file %r that stays in place" % prefix
+    return None
+
+
+# ---------------------------------------------------------------------------
+# 16. Checkpoints: the facade
+# ---------------------------------------------------------------------------
 
 class Checkpoints:
     """The ten operations; every public method returns a plain dict."""
