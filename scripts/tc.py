@@ -1835,6 +1835,33 @@ class PathPolicy:
         return self.sensitive_file(parts[-1])
 
 
+class PolicyCache:
+    """One PathPolicy per (root, exclude, store location): its name caches
+    then serve every scan of that workspace."""
+
+    LIMIT = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._policies = {}
+
+    def of(self, ws):
+        """The policy of a Workspace (anything with policy_key())."""
+        key = ws.policy_key()
+        with self._lock:
+            policy = self._policies.get(key)
+            if policy is None:
+                if len(self._policies) > self.LIMIT:
+                    self._policies.clear()
+                policy = self._policies[key] = PathPolicy(key[1], store_rel=key[2])
+            return policy
+
+    def clear(self):
+        """Forget every policy (their caches are rebuilt by the next scans)."""
+        with self._lock:
+            self._policies = {}
+
+
 # ---------------------------------------------------------------------------
 # 6. Scan and hash: stat only, content read in one place
 # ---------------------------------------------------------------------------
@@ -3924,6 +3951,42 @@ def _rollback_records(store, directory, data):
             atomic_write(target, before, strict=True)
 
 
+def undo_failed_operation(log, journal, what, exc):
+    try:
+        not_back = journal.rollback()
+    except Exception as failure:
+        if isinstance(failure, OSError) and failure.errno in OS_ERROR_ADVICE:
+            why = "%s. %s" % (describe_os_error(failure), OS_ERROR_ADVICE[failure.errno])
+            log("rollback of %s failed: %s" % (what, why))
+        elif isinstance(failure, OSError) and failure.errno in VANISHED_ERRNOS:
+            why = ("%s (the workspace changed while it was rolled back)"
+                   % describe_os_error(failure))
+            log("rollback of %s failed: %s" % (what, why))
+        elif isinstance(failure, CheckpointError):
+            why = str(failure)
+            log("rollback of %s failed: %s" % (what, why))
+        else:  # unexpected: the log gets the traceback
+            why = "%s (details in server.log)" % (describe_os_error(failure)
+                                                  if isinstance(failure, OSError)
+                                                  else type(failure).__name__)
+            log("rollback of %s failed: %s" % (what, traceback_text()))
+        first = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        raise StoreCorrupt("the %s failed (%s) and could not be fully undone yet; the next "
+                           "tool call retries the rollback: %s" % (what, first, why)) from None
+    undone = "nothing was changed"
+    if not_back:
+        undone = ("it was undone except for %d file(s) that could not be put back (%s; "
+                  "see server.log)" % (len(not_back), ", ".join(map(repr, not_back[:5]))))
+    if isinstance(exc, CheckpointError):
+        raise CheckpointError("the %s failed and %s: %s" % (what, undone, exc)) from None
+    if isinstance(exc, OSError):
+        advice = OS_ERROR_ADVICE.get(exc.errno)
+        raise CheckpointError("the %s failed and %s: %s%s"
+                              % (what, undone, describe_os_error(exc),
+                                 ". " + advice if advice else "")) from None
+    raise exc
+
+
 # ---------------------------------------------------------------------------
 # 10. Store: location, lock, recovery, the active pointer and task states
 # ---------------------------------------------------------------------------
@@ -4289,7 +4352,6 @@ class Store:
             self.log("task %s: counted records left by an interrupted write" % task_id)
             records.write_state(state)
 
-
     def _whole(self, path):
         """True when a record left beyond its task's state parses; else it is removed."""
         try:
@@ -4302,6 +4364,53 @@ class Store:
         self.log("removed %r, a record an interrupted write left incomplete" % path)
         remove_file(path)
         return False
+
+    def make_active(self, root, task_id, previous):
+        """Suspend root's active task `previous` and make task_id the active
+        one; on failure the previous task is left as it was. The suspended id
+        (None when nothing was open)."""
+        suspended = self.suspend(previous) if previous != task_id else None
+        try:
+            active = self.read_current()
+            if active.get(root) != task_id:
+                active[root] = task_id
+                self.write_current(active)
+        except BaseException:
+            if suspended:
+                self.reopen(suspended)
+            raise
+        return suspended
+
+    def reopen(self, task_id):
+        """Best effort: put a task an unfinished switch suspended back to open."""
+        try:
+            records = self.task(task_id)
+            state = records.read_state()
+            state["status"] = "open"
+            records.write_state(state)
+        except (OSError, CheckpointError) as exc:
+            self.log("task %s stays suspended after a failed switch: %s" % (task_id, exc))
+
+    def suspend(self, task_id):
+        if not task_id:
+            return None
+        records = self.task(task_id)
+        try:
+            state = records.read_state()
+        except (NotFound, StoreCorrupt):
+            return None
+        if state.get("status") != "open":
+            return None
+        state["status"] = "suspended"
+        records.write_state(state)
+        return task_id
+
+    def new_task_id(self, name):
+        slug = slugify(name)
+        while True:
+            task_id = "%s-%s" % (slug, random_hex(3))
+            if not self.task(task_id).exists():
+                return task_id
 
 
 class Workspace:
@@ -4330,10 +4439,188 @@ class Workspace:
         exclude = self.state.get("exclude", []) if self.state else []
         return (self.root, tuple(exclude), store_rel_in(self.root, self.store.directory))
 
+    def load_state(self, lenient=False):
+        try:
+            self.state = self.records.read_state()
+        except StoreCorrupt:
+            if not lenient:
+                raise
+            self.state = None
+            return self
+        if self.state.get("root") != self.root:
+            raise InvalidArgument("task %r belongs to the workspace %r, not %r"
+                                  % (self.task_id, self.state.get("root"), self.root))
+        return self
+
+    def follow_active(self, lenient=False):
+        """Under the store lock, for a call that named no task: the active task
+        is read again, so the call acts on the task active when it runs, not
+        the one active when it arrived (another server may have switched
+        meanwhile, and a save must never switch back)."""
+        if not self.from_pointer:
+            return
+        active = self.store.read_current().get(self.root)
+        if active is None:
+            raise NotFound("no active task for %r: start one with tc_init" % self.root)
+        if active != self.task_id:
+            self.task_id = active
+            self.load_state(lenient)
+
+    def need_writable(self):
+        """Called inside the lock by every operation that writes the store."""
+        if not self.store.lock.writable:
+            refusal = self.store.lock.refusal
+            if isinstance(refusal, OSError) and refusal.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreUnwritable("the store %r cannot be written: %s. %s"
+                                      % (self.store.directory, describe_os_error(refusal),
+                                         OS_ERROR_ADVICE[refusal.errno]))
+            raise StoreUnwritable("the store %r cannot be written (read-only or missing "
+                                  "permissions); free it or point TC_STORE elsewhere"
+                                  % self.store.directory)
+        if self.store.journal_dirs():
+            raise StoreUnwritable("an interrupted restore or import in %r could not be rolled "
+                                  "back yet: %s" % (self.store.directory, self.store.rollback_blocker()
+                                                    or "see server.log; fix what blocks it (a "
+                                                    "read-only or full disk) and retry"))
+        try:
+            self.store.begin_write()
+        except OSError as exc:
+            advice = OS_ERROR_ADVICE.get(exc.errno)
+            raise StoreUnwritable("the store %r cannot be written (%s)%s"
+                                  % (self.store.directory, describe_os_error(exc),
+                                     ". " + advice if advice else "")) from None
+
+    def activate(self):
+        """Make self.task_id the active, open task of its root; True when the
+        active task changed. (An active task found suspended, left so by an
+        interrupted switch, is reopened too.)"""
+        active = self.store.read_current()
+        previous = active.get(self.root)
+        state = self.records.read_state()
+        if state["status"] == "suspended":
+            state["status"] = "open"
+            self.records.write_state(state)
+        if previous == self.task_id:
+            return False
+        self.store.make_active(self.root, self.task_id, previous)
+        return True
+
 
 def slugify(name):
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
     return slug or "task"
+
+
+def checked_store_path(root, store, name):
+    if isinstance(store, str) and "\x00" in store:
+        raise InvalidArgument("%s %r must not contain a NUL character" % (name, store))
+    if not isinstance(store, str) or not os.path.isabs(store):
+        raise InvalidArgument("%s %r must be an absolute path" % (name, store))
+    real = os.path.realpath(store)
+    if real == root:
+        raise InvalidArgument("%s %r is the workspace root itself; choose a directory "
+                              "outside it or a subdirectory" % (name, store))
+    if os.path.dirname(real) == real:
+        raise InvalidArgument("%s %r is the filesystem root" % (name, store))
+    if os.path.exists(real) and not os.path.isdir(real):
+        raise InvalidArgument("%s %r exists and is not a directory" % (name, store))
+    rel = store_rel_in(real, root)
+    if rel is not None:
+        raise InvalidArgument("%s %r contains the workspace; choose another directory"
+                              % (name, store))
+    if not store_or_empty(real):
+        raise InvalidArgument("%s %r is a directory with other files in it; choose an "
+                              "empty or new directory for the store" % (name, store))
+    return real
+
+
+class Workspaces:
+    """Which store and task a call's root stands for: the stores in use
+    (one Store object per directory, so its caches and lock serve every
+    call), the store a workspace names, and resolving a root to a
+    Workspace with its task."""
+
+    def __init__(self, config, log):
+        self.config = config
+        self.log = log
+        self._stores = {}
+        self._lock = threading.RLock()
+
+    def store(self, directory):
+        directory = os.path.realpath(directory)
+        with self._lock:
+            store = self._stores.get(directory)
+            if store is None:
+                store = self._stores[directory] = Store(directory, self.log)
+            return store
+
+    def store_dir_for(self, root):
+        """TC_STORE, else the workspace's own store (own_store_dir)."""
+        if self.config.store:
+            return checked_store_path(root, self.config.store, "TC_STORE")
+        return self.own_store_dir(root)
+
+    def own_store_dir(self, root):
+        """The store the workspace names: its pointer file's, else <root>/.checkpoints."""
+        pointer = os.path.join(root, POINTER_NAME)
+        if os.path.isfile(pointer) and not os.path.islink(pointer):
+            try:
+                target = read_json(pointer).get("store")
+            except (StoreCorrupt, OSError, AttributeError):
+                target = None
+            if isinstance(target, str) and os.path.isabs(target):
+                return checked_store_path(root, target, "the store named by %r" % pointer)
+            raise StoreCorrupt("the store pointer %r is damaged; fix or delete it" % pointer)
+        return os.path.join(root, STORE_DIRNAME)
+
+    def resolve(self, root, task_id=None, *, lenient=False):
+        """Validate root and resolve the task (given, else the root's active one).
+
+        lenient: a damaged state file leaves ws.state None instead of raising,
+        so read-only reports can still describe the damage.
+        """
+        root = validate_root(root)
+        if task_id is not None:
+            validate_task_id(task_id)
+        store = self.store(self.store_dir_for(root))
+        if store.journal_dirs():
+            with store.lock:
+                pass  # taking the lock rolls back what a dead process left half done
+        ws = Workspace(root, store, task_id)
+        ws.from_pointer = task_id is None
+        if ws.task_id is None and os.path.isdir(store.directory):
+            ws.task_id = store.read_current().get(root)
+        if ws.task_id is None:
+            raise self.no_active_task(root, store.directory)
+        return ws.load_state(lenient)
+
+    def no_active_task(self, root, store_dir):
+        """The error for a workspace with no active task in store_dir. When
+        TC_STORE chose that store and the workspace's own store holds its
+        tasks, it says where they are, since tc_init would refuse too."""
+        plain = NotFound("no active task for %r: start one with tc_init" % root)
+        if not self.config.store:
+            return plain
+        try:
+            own = self.own_store_dir(root)
+        except CheckpointError:
+            return plain
+        kept = tasks_kept_for(own, root)[0] if own != store_dir else []
+        if not kept:
+            return plain
+        return NotFound("no active task for %r in the store %r that TC_STORE names; the "
+                        "workspace's tasks (%s) are in %r: unset TC_STORE, or set it to that "
+                        "store, to reach them" % (root, store_dir, ", ".join(kept[:5]), own))
+
+    def release_caches(self, keep):
+        """Drop what is cached for other stores and workspaces (parsed
+        indexes, manifests) before an operation that needs memory of its
+        own, so its peak is not stacked on top of theirs. They are read
+        again when next needed."""
+        with self._lock:
+            for store in self._stores.values():
+                if store is not keep:
+                    store.forget_caches()
 
 
 # ---------------------------------------------------------------------------
@@ -4682,12 +4969,18 @@ class DirectoryEvents:
 class Watcher:
     """Background thread: every interval, check each watched root once.
 
-    Where the kernel reports directory changes (DirectoryEvents), a root
-    that reported none since its last check is not walked again."""
+    It depends on three calls only: roots() lists the roots to watch,
+    signature(root, walked) describes a root's unrecorded changes (empty
+    when there are none; walked as in Saving.unrecorded_signature), and
+    capture(root, partial) records them. Where the kernel reports directory
+    changes (DirectoryEvents), a root that reported none since its last
+    check is not walked again."""
 
-    def __init__(self, checkpoints, *, interval, max_wait, log, events=True,
+    def __init__(self, *, roots, signature, capture, interval, max_wait, log, events=True,
                  full_scan=WATCH_FULL_SCAN_SECONDS):
-        self.checkpoints = checkpoints
+        self.roots = roots
+        self.signature = signature
+        self.capture = capture
         self.interval = interval
         self.max_wait = max_wait
         self.throttle = FailureThrottle(log)
@@ -4709,7 +5002,7 @@ class Watcher:
     def _run(self):
         try:
             while not self.stop_event.wait(self.interval):
-                roots = self.checkpoints.watched_roots()
+                roots = self.roots()
                 if self.events is not None:
                     self.events.keep_only(roots)
                 for root in roots:
@@ -4733,14 +5026,14 @@ class Watcher:
                     return "idle"
                 events.walking(root, now)
                 walked = {}
-            signature = self.checkpoints.unrecorded_signature(root, walked)
+            signature = self.signature(root, walked)
             if walked is not None:
                 events.walked(root, walked.get("dirs", ()), walked.get("ignored"),
                               walked.get("records", ()))
             action, pending = watch_decision(previous, now, signature, self.max_wait)
             if action in ("capture", "partial"):
                 self.pending[root] = (previous[0], signature)
-                self.checkpoints.capture(root, source="watch", partial=action == "partial")
+                self.capture(root, action == "partial")
             self.pending[root] = pending
             if action != "wait":
                 self.throttle.succeeded(root)
@@ -4762,9 +5055,6 @@ class Watcher:
 # 12. Git: every new step as refs/checkpoints/<task_id>/sNNNN
 # ---------------------------------------------------------------------------
 
-# ---------------------------------------------------------------------------
-# 11. GitRefWriter: every new step as refs/checkpoints/<task_id>/sNNNN
-# ---------------------------------------------------------------------------
 GIT_REF_PREFIX = "refs/checkpoints/"
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "task-checkpoint",
@@ -6012,6 +6302,290 @@ def seen_as(row):
     return None if row is None else (row[0], row[1])
 
 
+def index_after_writes(ws, rows, written, scanned_ns, overwritten=()):
+    """The index to keep after a restore or an import wrote the files in
+    written (their rows hold the stat taken after the last change).
+
+    Its stamp is read now, after those writes, so a written file whose
+    times are older than the stamp is trusted by the next scan like any
+    file recorded before its index was written, instead of being read
+    back. A row the scan before the writes could not trust (a time at or
+    after scanned_ns, the stamp of that scan) must not turn trusted under
+    the later stamp: its ctime becomes one no file has, so the next scan
+    reads that file. So does the row of a written file over
+    WRITTEN_TRUST_LIMIT bytes: it took several writes, and another
+    program writing it meanwhile would leave bytes that are neither the
+    stored content nor its own, under the stat of our last write. And so
+    does the row of a file in overwritten, written over its old bytes in
+    place: nothing flushed those writes, and a file system orders such
+    writes after nothing, so a power cut or a disk error could leave the
+    old bytes under the new stat (a new file, or a longer one, shows its
+    loss in its size)."""
+    stamp = ws.store.clock_stamp(ws.root)
+    settled = {}
+    for rel, row in rows.items():
+        if rel in written:
+            if row[0] > WRITTEN_TRUST_LIMIT or rel in overwritten:
+                row = row[:2] + [-1] + row[3:]
+        elif row[1] >= scanned_ns or row[2] >= scanned_ns:
+            row = row[:2] + [-1] + row[3:]
+        settled[rel] = row
+    return {"stamp_ns": stamp, "files": settled}
+
+
+class Recorder:
+    """How a workspace becomes records: a snapshot (scan, then read what
+    the stat cache cannot vouch for, storing its content), the index that
+    caches it, and the manifest and drift records that keep it. Every
+    operation that records the workspace goes through here."""
+
+    def __init__(self, config, policies, log):
+        self.config = config
+        self.policies = policies
+        self.log = log
+
+    def trust_test(self, stamp_ns, strict):
+        """The test that lets an indexed row stand for a scanned file without
+        reading it, or None when every file must be read. strict (restores)
+        never settles for TC_SHA_REUSE's mtime+size: an undo must hold real
+        bytes. The default is git's stat cache: all five stat fields equal and
+        neither time at or after the moment the index was written (racily clean)."""
+        if self.config.full_hash:
+            return None
+        if self.config.sha_reuse and not strict:
+            return lambda row, info: row[0] == info[0] and row[1] == info[1]
+        if not STAT_CACHE_SUPPORTED:
+            return None
+        # Equal to the stat first: the time comparisons then compare numbers.
+        return lambda row, info: (row[1] == info[1] and row[2] == info[2]
+                                  and row[0] == info[0] and row[3] == info[3]
+                                  and row[4] == info[4] and row[1] < stamp_ns
+                                  and row[2] < stamp_ns)
+
+    @gc_paused
+    def snapshot(self, ws, *, store_content, strict=False):
+        """Entries and index rows of the workspace as it is now.
+
+        Re-reads only files the stat cache cannot vouch for; stores content of
+        what it reads when store_content is set (sensitive files never read).
+        A file the cache vouches for keeps its old row and entry objects, so
+        comparing the result with the index is mostly identity checks.
+        """
+        # A preview writes nothing, not even the clock file; its rows are not kept.
+        stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
+                    else time.time_ns() - RACY_MARGIN_NS)
+        scan = scan_tree(ws.root, self.policies.of(ws))
+        index_doc = ws.records.read_index()
+        old_rows = index_doc["files"]
+        old_entries = ws.records.index_entries(index_doc)
+        trusted = self.trust_test(index_doc.get("stamp_ns", 0), strict)
+        entries, rows, to_read = vouched_rows(scan.files, old_rows, old_entries, trusted)
+        skipped, created = list(scan.skipped), []
+        reads = 0
+
+        def read(item):
+            rel, info = item
+            try:
+                return self.read_file(ws, rel, info, store_content, created)
+            except OSError as exc:
+                return exc
+
+        try:
+            got_all = in_parallel(read, to_read)
+        except BaseException:  # a full store, a cancel: what was stored is nobody's yet
+            ws.store.payloads.discard(created)
+            raise
+        unreadable = list(scan.unreadable)
+        for (rel, info), got in zip(to_read, got_all):
+            if isinstance(got, OSError):
+                skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(got)})
+                if got.errno not in VANISHED_ERRNOS:
+                    unreadable.append(rel)
+                continue
+            kind, sha, size, mode = got
+            reads += 1
+            rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
+            entries[rel] = manifest_entry(kind, sha, size, mode)
+        if unreadable:
+            carry_unknown(unreadable, old_rows, old_entries, rows, entries)
+        return Snapshot(entries, rows, reads, skipped, stamp_ns, created, unreadable)
+
+    def secure_undo(self, ws, snap, rels):
+        """Make sure the content the snapshot names for rels (files about to be
+        overwritten or deleted) is in the store, re-reading any whose stored
+        copy is gone (reclaimed by tc_compress) or damaged. Only these files are checked,
+        not the whole workspace. Returns (snapshot, True when an entry changed)."""
+        entries, rows = snap.entries, snap.rows
+        wanted = {}
+        for rel in rels:
+            entry = entries.get(rel)
+            if entry is not None and entry[0] == KIND_FILE:
+                wanted.setdefault(entry[1], []).append(rel)
+        changed, reads = False, snap.reads
+        payloads = ws.store.payloads
+        gone = []
+        for sha, users in wanted.items():  # one stat each: there, and of the right size
+            size = payloads.size(sha)
+            if size is not None and size != entries[users[0]][2]:
+                # A stored copy of the wrong size is damaged: the file itself
+                # is the one good copy left, so it is stored again.
+                ws.store.log("stored content %s is damaged (wrong size); it is stored again "
+                             "from %r" % (sha, users[0]))
+                remove_file(payloads.path(sha))
+                size = None
+            if size is None:
+                gone.append(sha)
+        for sha in gone:
+            for rel in wanted[sha]:
+                row = rows[rel]
+                info = StatInfo(row[0], row[1], row[2], row[3], row[4], row[5], False)
+                try:
+                    kind, new_sha, size, mode = self.read_file(ws, rel, info, True, snap.created)
+                except OSError as exc:
+                    raise Conflict("%r could not be read to keep its current content (%s); "
+                                   "nothing was changed" % (rel, describe_os_error(exc))) from None
+                reads += 1
+                rows[rel] = index_row(info._replace(size=size, mode=mode), kind, new_sha)
+                entries[rel] = manifest_entry(kind, new_sha, size, mode)
+                changed = changed or new_sha != sha
+        return snap._replace(reads=reads), changed
+
+    def read_file(self, ws, rel, info, store_content, created):
+        """(kind, sha, size, mode) of a scanned file, its content stored when
+        store_content. A file that changes while it is read is read again,
+        up to READ_TRIES times in all; then it counts as unreadable
+        (ChangedWhileRead), so what a record holds is a state the file had."""
+        for tries_left in range(READ_TRIES - 1, -1, -1):
+            try:
+                return self.read_file_once(ws, rel, info, store_content, created)
+            except ChangedWhileRead:
+                if not tries_left:
+                    raise
+            # A writer caught mid-save may finish meanwhile; a cancel ends the wait.
+            event = cancel_event()
+            pause = 0.05 * (READ_TRIES - tries_left)
+            if event is None:
+                time.sleep(pause)
+            elif event.wait(pause):
+                raise Cancelled(CANCELLED_TEXT)
+
+    def read_file_once(self, ws, rel, info, store_content, created):
+        full = os.path.join(ws.root, *rel.split("/"))
+        seen = (info.dev, info.ino)
+        if info.size > MAX_CONTENT_BYTES:
+            sha, size = hash_file(full, within=ws.guard, seen=seen, whole=True)
+            return KIND_BIG, sha, size, info.mode
+        if not store_content:
+            sha, size = hash_file(full, within=ws.guard, seen=seen, whole=True)
+            return KIND_FILE, sha, size, info.mode
+        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.guard, seen=seen,
+                                                              whole=True)
+        if written:
+            created.append(written)
+        if size > MAX_CONTENT_BYTES:  # grew while being read
+            return KIND_BIG, sha, size, mode
+        return KIND_FILE, sha, size, mode
+
+    def write_index(self, ws, snap, old_index):
+        """Rewrite the index when a row changed or a racy row can now be trusted.
+
+        Called once the state has moved, so the save or capture is recorded
+        whatever happens here; the index is a cache, and a failed write of it
+        (a disk filling up just now) leaves the old one, which the next scan
+        corrects by reading what it cannot vouch for."""
+        old_stamp = old_index.get("stamp_ns", 0)
+        if snap.rows != old_index["files"] or any(
+                row[1] >= old_stamp or row[2] >= old_stamp for row in snap.rows.values()):
+            self.keep_index(ws, {"stamp_ns": snap.stamp_ns, "files": snap.rows},
+                             entries=snap.entries)
+
+    @staticmethod
+    def keep_index(ws, index_doc, *, entries=None, whole=False):
+        """write_index, as a cache: a failure is logged, never the operation's."""
+        try:
+            ws.records.write_index(index_doc, entries, whole=whole)
+        except OSError as exc:
+            ws.store.log("the index of task %s was not rewritten (%s); the next scan reads "
+                         "what it cannot vouch for" % (ws.task_id, describe_os_error(exc)))
+
+    def record_manifest(self, ws, state, entries, later=None):
+        """Write the next manifest. Without `later`, the payloads it names are
+        flushed before it and it is made durable at once; with a list, the
+        caller flushes payloads and records together (flush_with) before the
+        state that points at them is written."""
+        if later is None:
+            ws.store.payloads.flush()
+        number = state["last_manifest"] + 1
+        ws.records.manifests.append(number, entries, base=state["last_manifest"], later=later)
+        state["last_manifest"] = number
+        return number
+
+    def record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
+                      head_before=None, reason=None, lists=None, later=None, unseen=()):
+        """Write a manifest and a drift record for entries; returns the record.
+
+        lists (added, modified, deleted) overrides the diff against old_entries.
+        later: see _record_manifest.
+        """
+        added, modified, deleted = lists or diff_maps(old_entries, entries)
+        number = self.record_manifest(ws, state, entries, later)
+        drift_no = state["last_drift"] + 1
+        drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
+                           modified=modified, deleted=deleted, partial=partial,
+                           head_before=head_before, reason=reason, unseen=unseen)
+        write_record(ws.records.drift_path(drift_no), drift, later)
+        state["last_drift"] = drift_no
+        return drift
+
+    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False):
+        """The drift pipeline: when snap differs from the index's entries,
+        its manifest and drift record, then the state that points at them,
+        flushed together with the content they name; then the index. The
+        drift record, or None when nothing changed. A failure before the
+        state moved removes what was written (drop_unrecorded)."""
+        old_entries = ws.records.index_entries(old_index)
+        drift = None
+        if snap.entries != old_entries:
+            later = []
+            counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
+            try:
+                drift = self.record_drift(ws, state, snap.entries, old_entries, kind=kind,
+                                          partial=partial, later=later, unseen=snap.unseen)
+                state["index_manifest"] = drift["manifest"]
+                ws.records.write_state_with(
+                    state, lambda staged: ws.store.payloads.flush_with(later + staged))
+            except BaseException:
+                self.drop_unrecorded(ws, counters, snap.created)
+                raise
+        self.write_index(ws, snap, old_index)
+        return drift
+
+    @staticmethod
+    def drop_unrecorded(ws, counters, created):
+        """After a save or capture failed before its state moved: remove the
+        records it wrote and the content it stored, so no listing shows a
+        step the caller was told failed, and a full disk gets its space back.
+        counters: the state's record counters before the write. When the
+        state did move, the write counts. When the cleanup itself fails, the
+        store stays marked, and the next lock counts those records in
+        (reconcile_numbers), as after a crash."""
+        records = ws.records
+        try:
+            on_disk = records.read_state()
+            if any(on_disk.get(key, 0) != value for key, value in counters.items()):
+                return
+            for key, (numbers, path_of) in records.numbered_records().items():
+                for number in sorted(numbers, reverse=True):
+                    if number > counters[key]:
+                        remove_file(path_of(number))
+        except (OSError, CheckpointError):
+            ws.store.payloads.suspect = True
+            return
+        finally:
+            records.manifests.forget()
+        ws.store.payloads.discard(created)
+
+
 # ---------------------------------------------------------------------------
 # 15. Operations
 # ---------------------------------------------------------------------------
@@ -6025,6 +6599,656 @@ def find_groups(entries):
             groups.append({"main": path, "companion": companion,
                            "status": "ok" if companion in entries else "missing"})
     return groups
+
+
+class TaskSetup:
+    """tc_init and tc_switch: making a task, choosing its store, making a
+    task the active one."""
+
+    def __init__(self, workspaces, recorder):
+        self.workspaces = workspaces
+        self.recorder = recorder
+        self.config = workspaces.config
+
+    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
+        root = validate_root(root)
+        refuse_pseudo_file_system(root)
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidArgument("name must be a non-empty string")
+        exclude = PathPolicy.check_patterns(exclude)
+        with workspace_lock(root):
+            store_dir = self._init_store_dir(root, store)
+            external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
+            st = self.workspaces.store(store_dir)
+            ws = Workspace(root, st)
+            baseline, prev_suspended = self._init_task(ws, name, goal, constraints, exclude,
+                                                       external)
+        note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
+                % (baseline, len(ws.records.read_index()["files"])))
+        return {"task_id": ws.task_id, "name": ws.state["name"], "store": st.directory,
+                "store_is_external": external, "prev_suspended": prev_suspended,
+                "exclude": exclude, "note": note}, ws
+
+    def _init_task(self, ws, name, goal, constraints, exclude, external):
+        """Make the new task in ws.store and make it the workspace's active
+        one; returns (its baseline drift id, the task it suspended or None)."""
+        st, root = ws.store, ws.root
+        with st.lock:
+            ws.need_writable()
+            task_id = st.new_task_id(name)
+            ws.task_id = task_id
+            ws.state = make_state(task_id=task_id, name=name.strip(), goal=goal or "",
+                                  constraints=constraints or "", root=root, exclude=exclude)
+            created = []  # content the baseline stored: nobody's if the init fails
+            try:
+                baseline = self._baseline(ws, created)
+                ws.records.write_state(ws.state)
+            except BaseException:
+                remove_tree(ws.records.directory)
+                ws.store.payloads.discard(created)
+                raise
+            # The new task is complete: only now is the previous one suspended.
+            # A failure from here on (a read-only workspace refusing the
+            # pointer, an unwritable current.json) undoes all of it.
+            previous = st.read_current().get(root)
+            pointer = os.path.join(root, POINTER_NAME)
+            pointer_link = readlink_or_none(pointer)
+            pointer_before = None if pointer_link else read_file_or_none(pointer)
+            try:
+                self._point_at_store(root, st, external)
+                prev_suspended = st.make_active(root, task_id, previous)
+            except BaseException:
+                if pointer_link is None:
+                    put_back_file(pointer, pointer_before, st.log)
+                else:
+                    put_back_link(pointer, pointer_link, st.log)
+                remove_tree(ws.records.directory)
+                ws.store.payloads.discard(created)
+                raise
+        return baseline, prev_suspended
+
+    def _init_store_dir(self, root, store):
+        """The store a tc_init uses: its store argument (checked, and only
+        where TC_STORE does not name another), else TC_STORE, else the
+        workspace's own. A workspace names one store: one that differs from
+        the store holding the workspace's tasks is refused, since those
+        tasks would be out of reach of every tool (no tc_switch back, no
+        tc_resume)."""
+        if store is not None and self.config.store and (
+                os.path.realpath(store) != os.path.realpath(self.config.store)):
+            raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
+                                  "stored in %r; drop the store argument or change TC_STORE"
+                                  % (self.config.store, store))
+        chosen = (self.workspaces.store_dir_for(root) if store is None
+                  else checked_store_path(root, store, "store"))
+        try:
+            own = self.workspaces.own_store_dir(root)
+        except CheckpointError:  # a damaged pointer: the new one replaces it
+            return chosen
+        if os.path.realpath(own) != os.path.realpath(chosen):
+            kept, damaged = tasks_kept_for(own, root)
+            if kept:
+                raise Conflict(self._left_behind_text(root, own, chosen, kept, damaged,
+                                                      by_env=store is None))
+        return chosen
+
+    def _left_behind_text(self, root, own, chosen, kept, damaged, *, by_env):
+        names = ", ".join(repr(t) + (" (damaged)" if t in damaged else "") for t in kept[:5])
+        if len(kept) > 5:
+            names += " and %d more" % (len(kept) - 5)
+        several = len(kept) > 1
+        text = ("this workspace's task%s %s %s kept in %r; a task in %r would put %s out of "
+                "reach of every tool. " % ("s" if several else "", names,
+                                           "are" if several else "is", own, chosen,
+                                           "them" if several else "it"))
+        text += ("Unset TC_STORE (or set it to that store)" if by_env
+                 else "Leave out store") + " to add the new task there"
+        # The ways out, all at once: the pointer file (read as own_store_dir
+        # reads it), then the workspace's own .checkpoints when it holds this
+        # workspace's tasks too (the store itself, or behind a link).
+        pointer = os.path.join(root, POINTER_NAME)
+        default = os.path.join(root, STORE_DIRNAME)
+        ways = []
+        if os.path.isfile(pointer) and not os.path.islink(pointer):
+            ways.append("delete %r (it points the workspace at that store, which keeps "
+                        "them)" % pointer)
+        if not ways or (os.path.lexists(default) and tasks_kept_for(default, root)[0]):
+            ways.append("move %r aside" % default)
+        return text + ", or first %s if they are no longer wanted here" % " and ".join(ways)
+
+    def _point_at_store(self, root, store, external):
+        """Leave the pointer file an external store needs in the workspace (or
+        remove a stale one). With TC_STORE set, later servers find the store
+        without it, so a workspace that refuses the file (read-only) is fine."""
+        pointer = os.path.join(root, POINTER_NAME)
+        try:
+            if external:
+                wanted = {"store": store.directory}
+                try:  # a link is never read as the pointer (own_store_dir): replaced
+                    if not os.path.islink(pointer) and read_json(pointer) == wanted:
+                        return
+                except (OSError, StoreCorrupt):
+                    pass
+                write_json(pointer, wanted)
+            elif os.path.isfile(pointer) and not os.path.islink(pointer):
+                remove_file(pointer)  # the default store is back in use
+        except OSError as exc:
+            if not self.config.store:
+                raise
+            store.log("the store pointer %r could not be written (%s); TC_STORE names "
+                      "the store" % (pointer, describe_os_error(exc)))
+
+    def _baseline(self, ws, created):
+        """Record the workspace as the task finds it, as drift d0001; the
+        content it stores is added to the list created."""
+        snap = self.recorder.snapshot(ws, store_content=True)
+        created.extend(snap.created)
+        drift = self.recorder.record_drift(ws, ws.state, snap.entries, {}, kind="baseline",
+                                   unseen=snap.unseen)
+        ws.state["index_manifest"] = drift["manifest"]
+        ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
+                               entries=snap.entries)
+        return drift["id"]
+
+    @staticmethod
+    def switch(ws):
+        """Make ws.task_id the active, open task of its workspace (under the lock)."""
+        task_id = ws.task_id
+        ws.need_writable()
+        state = ws.records.read_state()
+        if state["status"] == "closed":
+            raise TaskClosed("task %r is closed; it can be read (tc_show, tc_resume) but "
+                             "not reopened" % task_id)
+        previous = ws.store.read_current().get(ws.root)
+        reopened = state["status"] != "open"
+        if reopened:
+            state["status"] = "open"
+            ws.records.write_state(state)
+        try:
+            ws.store.make_active(ws.root, task_id, previous)
+        except BaseException:
+            if reopened:
+                try:
+                    ws.store.suspend(task_id)
+                except (OSError, CheckpointError):
+                    pass  # open but not active: a save or switch sets it right
+            raise
+        return {"task_id": task_id, "status": "open"}
+
+
+class Saving:
+    """tc_save and tc_capture: a snapshot of the workspace becomes a step
+    (with its git ref) or a drift record."""
+
+    def __init__(self, recorder, git, log):
+        self.recorder = recorder
+        self.policies = recorder.policies
+        self.git = git
+        self.log = log
+
+    @staticmethod
+    def check_save(title, paths):
+        """Refuse a save's arguments before anything is resolved."""
+        if paths:
+            raise InvalidArgument("paths must be empty: a save always records the whole "
+                                  "workspace (use exclude on tc_init to leave files out)")
+        if not isinstance(title, str) or not title.strip():
+            raise InvalidArgument("title must be a non-empty string")
+
+    def save(self, ws, title, *, description, conclusion, next_step, verified, open_questions,
+             close):
+        """Record the workspace as a new step of ws's task (under the lock)."""
+        ws.follow_active()
+        ws.need_writable()
+        current = ws.records.read_state()
+        if current["status"] == "closed":
+            raise TaskClosed("task %r is closed; it stays readable, start a new one with "
+                             "tc_init" % ws.task_id)
+        if current["last_step"] >= MAX_STEP and not close:
+            raise Conflict("task %r has reached step %d, the highest number a step can "
+                           "have; a tc_save with close: true closes it (what changed "
+                           "goes into a drift record), and it stays readable; start a "
+                           "new task with tc_init" % (ws.task_id, MAX_STEP))
+        # The snapshot comes first: it is the last point where a cancel
+        # stops the save, and nothing may be written before it.
+        old_index = ws.records.read_index()
+        snap = self.recorder.snapshot(ws, store_content=True)
+        try:
+            changed = ws.activate()
+            state = ws.state = ws.records.read_state()
+        except BaseException:
+            ws.store.payloads.discard(snap.created)
+            raise
+        counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
+        try:
+            result = self._commit_step(ws, state, old_index, snap, title, description,
+                                       conclusion, next_step, verified, open_questions, close)
+        except BaseException:
+            self.recorder.drop_unrecorded(ws, counters, snap.created)
+            raise
+        # Inside the lock, so concurrent saves chain their refs in step order.
+        step = result.pop("_step", None)
+        result["git"] = self._save_git(ws, step, result)
+        result["active_task_changed"] = changed
+        return result
+
+    def _commit_step(self, ws, state, old_index, snap, title, description, conclusion,
+                     next_step, verified, open_questions, close):
+        """The save pipeline after the snapshot (its payloads written):
+        (drift) -> manifest -> step -> state -> index."""
+        state_before = dict(state)
+        old_entries = ws.records.index_entries(old_index)
+        drift_id = None
+        later = []  # records made durable together with the payloads, before the state
+        # Only a close gets this far at the highest step number (see save): it
+        # makes no step, so what changed always goes into a drift record.
+        at_limit = state["last_step"] >= MAX_STEP
+        if snap.entries != old_entries or not state.get("index_manifest"):
+            if state.get("index_manifest") or at_limit:
+                reason = ("closed at the highest step number, as %r" % title[:200]
+                          if at_limit else None)
+                drift_id = self.recorder.record_drift(ws, state, snap.entries, old_entries,
+                                              kind="save", later=later, reason=reason,
+                                              unseen=snap.unseen)["id"]
+            else:
+                self.recorder.record_manifest(ws, state, snap.entries, later)
+            state["index_manifest"] = state["last_manifest"]
+        manifest_no = state["index_manifest"]
+        head = ws.records.read_step(state["head"]) if state["head"] else None
+        result = {"task_id": ws.task_id, "title": title, "groups": find_groups(snap.entries),
+                  "skipped_paths": snap.skipped}
+        if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
+                           snap):
+            index, idempotent, new_step = head["index"], True, None
+        elif at_limit:
+            index, idempotent, new_step = state["head"], False, None
+            result["title"] = head["title"] if head else title  # the step that stays the head
+        else:
+            index, idempotent = state["last_step"] + 1, False
+            new_step = make_step(index=index, title=title, description=description,
+                                 conclusion=conclusion, next_step=next_step, verified=verified,
+                                 open_questions=open_questions, manifest=manifest_no,
+                                 drift_id=drift_id, groups=result["groups"],
+                                 unseen=snap.unseen)
+            write_record(ws.records.step_path(index), new_step, later)
+            state["last_step"] = state["head"] = index
+            state["head_manifest"] = manifest_no
+        if close:
+            state["status"] = "closed"
+            state["closed"] = now_iso()
+        if state != state_before:  # an idempotent save leaves the state file alone
+            ws.records.write_state_with(
+                state, lambda staged: ws.store.payloads.flush_with(later + staged))
+        else:
+            ws.store.payloads.flush_with(later)
+        self.recorder.write_index(ws, snap, old_index)
+        result.update({"index": index, "idempotent": idempotent, "closed": close,
+                       "status": state["status"]})
+        if new_step is not None:
+            result["_step"] = (index, snap.entries, title)
+        return result
+
+    @staticmethod
+    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, snap):
+        """An idempotent save: same title, conclusion, next and verified as the
+        head step, the same unseen paths, and the same files (compared only
+        when the rest matches)."""
+        if head is None or (head.get("title"), head.get("conclusion"), head.get("next"),
+                            head.get("verified"), head.get("unseen", [])) != (
+                                title, conclusion, next_step, verified, sorted(snap.unseen)):
+            return False
+        return (head["manifest"] == manifest_no
+                or ws.records.manifests.load(head["manifest"]) == snap.entries)
+
+    def _save_git(self, ws, step, result):
+        """The git result of a save: the new step's ref, or "no new step".
+        After a writer died (found since this process last looked), a save
+        also writes a ref that the step before its new one, or the head it
+        repeats, lacks: the dead writer may have been cut off between a step
+        and its ref."""
+        after_crash = (ws.store.writer_died and self.git.enabled
+                       and ws.task_id not in ws.store.refs_checked)
+        ws.store.refs_checked.add(ws.task_id)  # each task checks once after a crash
+        if step is not None:
+            return self._git_ref(ws, step, catch_up=after_crash)
+        if after_crash and result["idempotent"]:
+            try:
+                head = ws.records.read_step(result["index"])
+                entries = ws.records.manifests.load(head["manifest"])
+            except (CheckpointError, OSError):
+                return self.git.skipped("no new step")
+            made = self._git_ref(ws, (head["index"], entries, head["title"]))
+            if made["ok"]:
+                return made
+        return self.git.skipped("no new step")
+
+    def _git_ref(self, ws, step, *, catch_up=False):
+        """The git result of writing a step's ref; with catch_up, the ref
+        of the step before it is written first when it has none."""
+        index, entries, title = step
+
+        def earlier_step():
+            record = ws.records.read_step(index - 1)
+            return (ws.records.manifests.load(record["manifest"]),
+                    step_message(ws.task_id, index - 1, record["title"]))
+
+        try:
+            return self.git.write_step_ref(
+                root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
+                step_index=index, entries=entries, payload_path=ws.store.payloads.path,
+                message=step_message(ws.task_id, index, title),
+                earlier=(index - 1, earlier_step) if catch_up else None)
+        except Exception as exc:  # git never fails a save
+            self.log("git ref failed: %s" % traceback_text())
+            return self.git.skipped("git failed", error=str(exc))
+
+    def capture(self, ws, *, source, partial, waiting):
+        """Record what changed since the last record as a drift record (under the lock)."""
+        ws.follow_active()
+        ws.need_writable()
+        state = ws.state = ws.records.read_state()
+        if state["status"] == "closed":
+            raise TaskClosed("task %r is closed; nothing is recorded for it" % ws.task_id)
+        old_index = ws.records.read_index()
+        snap = self.recorder.snapshot(ws, store_content=True)
+        drift = self.recorder.commit_snapshot(ws, state, snap, old_index, kind=source,
+                                              partial=partial or waiting)
+        return {"captured": drift is not None, "waiting": waiting,
+                "drift_id": drift["id"] if drift else None,
+                "partial": bool(drift and drift["partial"]), "reads": snap.reads,
+                "skipped_paths": snap.skipped,
+                "added": drift["added"] if drift else [],
+                "modified": drift["modified"] if drift else [],
+                "deleted": drift["deleted"] if drift else []}
+
+    @gc_paused
+    def unrecorded_signature(self, ws, store_dir, walked=None):
+        """Stat-only description of unrecorded changes (empty when there are none),
+        what the watcher compares between ticks. store_dir: the store the
+        watcher found ws's task in (another store now: nothing to record).
+
+        A dict passed as walked receives "records", the store files whose
+        change would change the answer (active task, state, index), "dirs",
+        the directories the walk went through (see scan_tree), and "ignored",
+        a test (rel, name) -> True for paths whose changes are none of this
+        workspace's (excluded names, the store).
+        """
+        if walked is not None:
+            walked["records"] = (ws.store.current_path, ws.records.state_path,
+                                 ws.records.index_path, ws.records.index_log_path)
+        if store_dir and ws.store.directory != store_dir:
+            return ()
+        if ws.state["status"] != "open":
+            return ()
+        rows = ws.records.read_index()["files"]
+        policy = self.policies.of(ws)
+        dirs = None
+        if walked is not None:
+            dirs = walked["dirs"] = []
+            excluded, store_rel = policy.excluded_name, policy.store_rel
+            walked["ignored"] = lambda rel, name: excluded(name) or rel == store_rel
+        scan = scan_tree(ws.root, policy, dirs)
+        files = scan.files
+        changed = [(rel,) + info[:5] for rel, info in files.items()
+                   if (row := rows.get(rel)) is None or row[1] != info[1] or row[2] != info[2]
+                   or row[0] != info[0] or row[3] != info[3] or row[4] != info[4]]
+        if len(rows) + len(changed) > len(files):  # something recorded is gone
+            unseen = unseen_test(scan.unreadable)
+            changed.extend((rel,) for rel in rows if rel not in files and not unseen(rel))
+        return tuple(sorted(changed))
+
+
+class Reporting:
+    """tc_show and tc_resume: what the records say, and what changed on
+    disk since (read-only)."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.policies = recorder.policies
+
+    def show(self, ws, *, index, include_drift, limit, cursor):
+        """A page of ws's steps (and drift records), or one step with its files (under the lock)."""
+        ws.follow_active()
+        state = ws.records.read_state()
+        if index is not None:
+            ws.records.check_step_number(index, state["last_step"])
+            step = ws.records.read_step(index)
+            files = ws.records.manifests.load(step["manifest"])
+            paths = sorted(files)[cursor:cursor + limit]
+            steps = [self._step_view(step, state, files={p: files[p] for p in paths})]
+            steps[0]["file_count"] = len(files)
+            numbers = []
+            next_cursor = cursor + limit if cursor + limit < len(files) else None
+        else:
+            numbers = ws.records.step_numbers()
+            page = numbers[cursor:cursor + limit]
+            steps = [self._listed(lambda: self._step_view(ws.records.read_step(n), state),
+                                  {"index": n, "head": n == state["head"]})
+                     for n in page]
+            next_cursor = cursor + limit if cursor + limit < len(numbers) else None
+        drifts = []
+        if include_drift:
+            drift_numbers = ws.records.drift_numbers()
+            page = drift_numbers[cursor:cursor + limit]
+            drifts = [self._listed(lambda: self._drift_view(ws.records.read_drift(
+                "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in page]
+            if cursor + limit < len(drift_numbers):
+                next_cursor = cursor + limit
+        return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
+                "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
+                "total_steps": len(numbers) if index is None else None}
+
+    @staticmethod
+    def _listed(view, stub):
+        """view() for a listing; a record that cannot be read is listed as
+        stub with "damaged" saying why, so one bad record does not hide the
+        others (showing or restoring it still fails with that reason)."""
+        try:
+            return view()
+        except (StoreCorrupt, NotFound) as exc:  # NotFound: a dangling link by its name
+            return dict(stub, damaged=str(exc))
+        except OSError as exc:
+            return dict(stub, damaged="cannot be read: %s" % describe_os_error(exc))
+
+    @staticmethod
+    def _step_view(step, state, files=None):
+        view = {k: step.get(k) for k in ("index", "title", "description", "conclusion",
+                                         "next", "verified", "open_questions", "created",
+                                         "drift_id")}
+        view["head"] = step["index"] == state["head"]
+        if files is not None:
+            view["files"] = [{"path": p, "size": e[2], "mode": "%o" % e[3],
+                              "kind": {"f": "file", "s": "sensitive", "b": "large"}[e[0]],
+                              "sha256": e[1]} for p, e in sorted(files.items())]
+        return view
+
+    @staticmethod
+    def _drift_view(drift):
+        view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
+                                          "added", "modified", "deleted", "head_before")}
+        view["restorable"] = not drift.get("compressed")
+        return view
+
+    @gc_paused
+    def resume(self, ws):
+        """Read-only: where the task stands, and what changed since it was
+        recorded. The records are read under the lock, the workspace is
+        scanned after it."""
+        errors = []
+        with ws.store.lock:
+            ws.follow_active(lenient=True)
+            # The state as of the lock: a save or capture that held it while
+            # this call waited has moved it, and the index read below with it.
+            ws.load_state(lenient=True)
+            active = ws.store.read_current().get(ws.root)
+            if ws.state is None:
+                return self._damaged_resume(ws, active)
+            state = ws.state
+            last = self._read_step_checked(ws, state["head"], errors)
+            errors_before = len(errors)
+            index_doc = self._read_index_checked(ws, errors)
+            index_ok = len(errors) == errors_before
+            errors.extend(self._health(ws, state))
+            recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
+        unread, unseen = None, []
+        try:
+            scan = scan_tree(ws.root, self.policies.of(ws))
+            unseen = scan.unreadable
+            drift_paths, skipped = self._readable_drift(
+                ws, self._drift_paths(scan, index_doc), scan.skipped)
+        except OSError as exc:  # the progress is still worth giving
+            unread = exc.strerror or exc.__class__.__name__
+            drift_paths, skipped = [], [{"path": ".", "reason": "unreadable directory: %s"
+                                         % unread}]
+        changed = sorted(set(recorded).union(drift_paths))
+        last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
+                                                          "next")}
+        next_step = last_view["next"]
+        result = {"task_id": ws.task_id, "name": state["name"], "status": state["status"],
+                  "goal": state["goal"], "constraints": state["constraints"],
+                  "head": state["head"], "last": last_view,
+                  "open_questions": (last or {}).get("open_questions", []),
+                  "drift_paths": drift_paths, "next": next_step,
+                  "changed_since_step": changed,
+                  "health": {"ok": not errors, "errors": list(dict.fromkeys(errors))},
+                  "store": ws.store.directory, "active_task": active, "skipped": skipped}
+        result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
+                                         unseen=unseen)
+        return result
+
+    def changed_since_step(self, ws, state):
+        """Under the store lock, for an export: the paths whose files differ
+        from what the package holds (the head step, else the latest record),
+        the same list tc_resume gives as changed_since_step. Empty when the
+        workspace cannot be read: the export does not depend on it."""
+        errors = []
+        index_doc = self._read_index_checked(ws, errors)
+        try:
+            drift_paths = self._readable_drift(
+                ws, self._drift_paths(scan_tree(ws.root, self.policies.of(ws)), index_doc), [])[0]
+        except OSError:
+            return []
+        recorded = self._recorded_since_step(ws, state, None if errors else index_doc)
+        return sorted(set(recorded).union(drift_paths))
+
+    @staticmethod
+    def _recorded_since_step(ws, state, index_doc):
+        """The paths whose latest record differs from the head step: changes
+        the watcher or tc_capture recorded that no step holds yet. The
+        latest record is read from the index (index_doc, already in memory),
+        or from the manifest the state names when the index cannot be read
+        (index_doc None). An index left behind by a failed write can only
+        miss changes that drift_paths, compared against the same index,
+        then names."""
+        head_no, latest_no = state.get("head_manifest", 0), state.get("index_manifest", 0)
+        if not state["head"] or not head_no or latest_no == head_no:
+            return []
+        try:
+            step_entries = ws.records.manifests.load(head_no)
+            if index_doc is not None:
+                latest = ws.records.index_entries(index_doc)
+            elif latest_no:
+                latest = ws.records.manifests.load(latest_no)
+            else:
+                return []
+        except CheckpointError:  # the head's manifest is among health.errors already
+            return []
+        added, modified, deleted = diff_maps(step_entries, latest)
+        return added + modified + deleted
+
+    def _damaged_resume(self, ws, active):
+        """What resume can say when the task's state file cannot be read."""
+        errors = self._health(ws, {}) or [
+            "%r could not be read as a task state; it is damaged" % ws.records.state_path]
+        empty = {"title": "", "conclusion": "", "description": "", "next": ""}
+        return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
+                "constraints": "", "head": 0, "last": empty, "open_questions": [],
+                "drift_paths": [], "changed_since_step": [], "next": "", "health": {"ok": False, "errors": errors},
+                "store": ws.store.directory, "active_task": active, "skipped": [],
+                "handoff": "Task %s: its state file is damaged; see health.errors" % ws.task_id}
+
+    @staticmethod
+    def _read_step_checked(ws, index, errors):
+        if not index:
+            return None
+        try:
+            return ws.records.read_step(index)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            return None
+
+    def _read_index_checked(self, ws, errors):
+        try:
+            doc = ws.records.read_index()
+        except OSError as exc:
+            errors.append("cannot read %r: %s" % (ws.records.index_path, describe_os_error(exc)))
+            return {"stamp_ns": 0, "files": {}}
+        if ws.records.index_error:
+            errors.append("%s (it is rebuilt by the next save)" % ws.records.index_error)
+        return doc
+
+    @staticmethod
+    def _readable_drift(ws, paths, skipped):
+        """paths without the files this process may not read, which no save
+        can record either: they go to skipped (a new list) instead, so an
+        unreadable file is not reported as unsaved work forever."""
+        readable, skipped = [], list(skipped)
+        for rel in paths:
+            full = os.path.join(ws.root, *rel.split("/"))
+            if os.path.lexists(full) and not os.access(full, os.R_OK):
+                skipped.append({"path": rel, "reason": "unreadable: Permission denied"})
+            else:
+                readable.append(rel)
+        return readable, skipped
+
+    @staticmethod
+    def _drift_paths(scan, index_doc):
+        rows = index_doc["files"]
+        paths = [rel for rel, info in scan.files.items()
+                 if rel not in rows or rows[rel][0] != info.size or rows[rel][1] != info.mtime_ns]
+        unseen = unseen_test(scan.unreadable)
+        paths.extend(rel for rel in rows if rel not in scan.files and not unseen(rel))
+        return sorted(paths)
+
+    def _health(self, ws, state):
+        """Problems with the store itself: leftovers, unreadable records, lost content."""
+        errors = []
+        for dirpath, _dirs, names in os.walk(ws.records.directory):
+            for name in names:
+                if name.startswith(".tmp-"):
+                    errors.append("leftover temporary file %r (an interrupted write, part of "
+                                  "no record; safe to delete)" % os.path.join(dirpath, name))
+        path = ws.records.state_path
+        try:
+            ws.records.read_state()  # parsed and checked field by field
+        except NotFound:
+            errors.append("%r is missing" % path)
+        except StoreCorrupt as exc:
+            errors.append(str(exc))
+        except OSError as exc:
+            errors.append("cannot read %r: %s" % (path, describe_os_error(exc)))
+        if ws.store.journal_dirs():
+            blocker = ws.store.rollback_blocker()
+            errors.append("an interrupted restore or import is pending; it is rolled back "
+                          "by the next tool call that writes" + (": " + blocker if blocker
+                                                                 else ""))
+        if state.get("head"):
+            errors.extend(self._missing_content(ws, state))
+        return errors
+
+    def _missing_content(self, ws, state):
+        try:
+            step = ws.records.read_step(state["head"])
+            entries = ws.records.manifests.load(step["manifest"])
+        except CheckpointError as exc:
+            return [str(exc)]
+        lost = set(ws.store.payloads.missing({e[1] for e in entries.values()
+                                              if e[0] == KIND_FILE}, reuse_listings=True))
+        missing = [p for p, e in entries.items() if e[0] == KIND_FILE and e[1] in lost]
+        if missing:
+            return ["content of %d file(s) of step %d is missing from the store, e.g. %r"
+                    % (len(missing), state["head"], sorted(missing)[0])]
+        return []
 
 
 # Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
@@ -6165,1229 +7389,56 @@ def _unrestorable_reason(path, have, want, has_payload, current, deleted):
     return None
 
 
-# ---------------------------------------------------------------------------
-# 16. Checkpoints: the facade
-# ---------------------------------------------------------------------------
+class Restoring:
+    """tc_restore: plan (plan_restore, above), secure the undo content,
+    journal, write, record what undoes it."""
 
-class Checkpoints:
-    """The ten operations; every public method returns a plain dict."""
-
-    def __init__(self, config=None, *, log=None):
-        self.config = config or Config.from_env()
-        self._log_sink = log
-        self._stores = {}
-        self._guard = threading.RLock()
-        self._watched = {}
-        self._policies = {}
-        self.git = GitRefWriter(enabled=self.config.git, verify=self.config.git_verify,
-                                log=self.log)
-        self.watcher = None
-
-    # -- plumbing ---------------------------------------------------------
-
-    def log(self, message):
-        if self._log_sink:
-            try:
-                self._log_sink(message)
-            except Exception:
-                pass
-
-    def start_watcher(self):
-        """Start the watcher thread (unless TC_WATCH=off).
-
-        With TC_STORE set, the workspaces whose tasks are active in that store
-        are watched from the start, so a restarted server keeps recording
-        before its first tool call.
-        """
-        if self.config.watch and self.config.store and os.path.isdir(self.config.store):
-            store = self._store(self.config.store)
-            try:
-                roots = store.read_current()
-            except (StoreCorrupt, OSError):
-                roots = {}
-            for root in roots:
-                if isinstance(root, str) and os.path.isdir(root):
-                    self._watch(root, store)
-        if self.config.watch:
-            self._watch_if_workspace()
-        if self.config.watch and self.watcher is None:
-            self.watcher = Watcher(self, interval=self.config.watch_interval,
-                                   max_wait=self.config.drift_max_wait, log=self.log,
-                                   events=self.config.watch_events)
-            self.watcher.start()
-        return self.watcher
-
-    def _watch_if_workspace(self):
-        """Watch the working folder from the start when it is a workspace
-        root with an active task in its store (clients start a server in the
-        project). Nothing here may stop a server from starting."""
-        try:
-            root = os.path.realpath(os.getcwd())  # (a deleted folder has none)
-            store_dir = self.store_dir_for(root)
-            if os.path.isdir(store_dir):
-                store = self._store(store_dir)
-                if store.read_current().get(root):
-                    self._watch(root, store)
-        except (CheckpointError, OSError):
-            pass
-
-    def stop_watcher(self):
-        if self.watcher:
-            self.watcher.stop()
-
-    def watched_roots(self):
-        with self._guard:
-            return list(self._watched)
-
-    def _watch(self, root, store):
-        with self._guard:
-            self._watched[root] = store.directory
-
-    def _release_caches(self, keep):
-        """Drop what is cached for other stores and workspaces (parsed
-        indexes, manifests, name decisions) before an operation that needs
-        memory of its own, so its peak is not stacked on top of theirs.
-        They are read again when next needed."""
-        with self._guard:
-            for store in self._stores.values():
-                if store is not keep:
-                    store.forget_caches()
-            self._policies = {}
-
-    def _policy(self, ws):
-        """One PathPolicy per (root, exclude, store location): its name caches
-        then serve every scan of that workspace."""
-        key = ws.policy_key()
-        with self._guard:
-            policy = self._policies.get(key)
-            if policy is None:
-                if len(self._policies) > 64:
-                    self._policies.clear()
-                policy = self._policies[key] = PathPolicy(key[1], store_rel=key[2])
-            return policy
-
-    def _store(self, directory):
-        directory = os.path.realpath(directory)
-        with self._guard:
-            store = self._stores.get(directory)
-            if store is None:
-                store = self._stores[directory] = Store(directory, self.log)
-            return store
-
-    def store_dir_for(self, root):
-        """TC_STORE, else the workspace's own store (own_store_dir)."""
-        if self.config.store:
-            return self._checked_store_path(root, self.config.store, "TC_STORE")
-        return self.own_store_dir(root)
-
-    def own_store_dir(self, root):
-        """The store the workspace names: its pointer file's, else <root>/.checkpoints."""
-        pointer = os.path.join(root, POINTER_NAME)
-        if os.path.isfile(pointer) and not os.path.islink(pointer):
-            try:
-                target = read_json(pointer).get("store")
-            except (StoreCorrupt, OSError, AttributeError):
-                target = None
-            if isinstance(target, str) and os.path.isabs(target):
-                return self._checked_store_path(root, target, "the store named by %r" % pointer)
-            raise StoreCorrupt("the store pointer %r is damaged; fix or delete it" % pointer)
-        return os.path.join(root, STORE_DIRNAME)
+    def __init__(self, recorder, log):
+        self.recorder = recorder
+        self.policies = recorder.policies
+        self.log = log
 
     @staticmethod
-    def _checked_store_path(root, store, name):
-        if isinstance(store, str) and "\x00" in store:
-            raise InvalidArgument("%s %r must not contain a NUL character" % (name, store))
-        if not isinstance(store, str) or not os.path.isabs(store):
-            raise InvalidArgument("%s %r must be an absolute path" % (name, store))
-        real = os.path.realpath(store)
-        if real == root:
-            raise InvalidArgument("%s %r is the workspace root itself; choose a directory "
-                                  "outside it or a subdirectory" % (name, store))
-        if os.path.dirname(real) == real:
-            raise InvalidArgument("%s %r is the filesystem root" % (name, store))
-        if os.path.exists(real) and not os.path.isdir(real):
-            raise InvalidArgument("%s %r exists and is not a directory" % (name, store))
-        rel = store_rel_in(real, root)
-        if rel is not None:
-            raise InvalidArgument("%s %r contains the workspace; choose another directory"
-                                  % (name, store))
-        if not store_or_empty(real):
-            raise InvalidArgument("%s %r is a directory with other files in it; choose an "
-                                  "empty or new directory for the store" % (name, store))
-        return real
-
-    def _workspace(self, root, task_id=None, *, lenient=False):
-        """Validate root and resolve the task (given, else the root's active one).
-
-        lenient: a damaged state file leaves ws.state None instead of raising,
-        so read-only reports can still describe the damage.
-        """
-        root = validate_root(root)
-        if task_id is not None:
-            validate_task_id(task_id)
-        store = self._store(self.store_dir_for(root))
-        if store.journal_dirs():
-            with store.lock:
-                pass  # taking the lock rolls back what a dead process left half done
-        ws = Workspace(root, store, task_id)
-        ws.from_pointer = task_id is None
-        if ws.task_id is None and os.path.isdir(store.directory):
-            ws.task_id = store.read_current().get(root)
-        if ws.task_id is None:
-            raise self._no_active_task(root, store.directory)
-        return self._read_task_state(ws, lenient)
-
-    def _no_active_task(self, root, store_dir):
-        """The error for a workspace with no active task in store_dir. When
-        TC_STORE chose that store and the workspace's own store holds its
-        tasks, it says where they are, since tc_init would refuse too."""
-        plain = NotFound("no active task for %r: start one with tc_init" % root)
-        if not self.config.store:
-            return plain
-        try:
-            own = self.own_store_dir(root)
-        except CheckpointError:
-            return plain
-        kept = tasks_kept_for(own, root)[0] if own != store_dir else []
-        if not kept:
-            return plain
-        return NotFound("no active task for %r in the store %r that TC_STORE names; the "
-                        "workspace's tasks (%s) are in %r: unset TC_STORE, or set it to that "
-                        "store, to reach them" % (root, store_dir, ", ".join(kept[:5]), own))
-
-    @staticmethod
-    def _read_task_state(ws, lenient=False):
-        try:
-            ws.state = ws.records.read_state()
-        except StoreCorrupt:
-            if not lenient:
-                raise
-            ws.state = None
-            return ws
-        if ws.state.get("root") != ws.root:
-            raise InvalidArgument("task %r belongs to the workspace %r, not %r"
-                                  % (ws.task_id, ws.state.get("root"), ws.root))
-        return ws
-
-    def _follow_active(self, ws, lenient=False):
-        """Under the store lock, for a call that named no task: the active task
-        is read again, so the call acts on the task active when it runs, not
-        the one active when it arrived (another server may have switched
-        meanwhile, and a save must never switch back)."""
-        if not ws.from_pointer:
-            return
-        active = ws.store.read_current().get(ws.root)
-        if active is None:
-            raise NotFound("no active task for %r: start one with tc_init" % ws.root)
-        if active != ws.task_id:
-            ws.task_id = active
-            self._read_task_state(ws, lenient)
-
-    def _need_writable(self, ws):
-        """Called inside the lock by every operation that writes the store."""
-        if not ws.store.lock.writable:
-            refusal = ws.store.lock.refusal
-            if isinstance(refusal, OSError) and refusal.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreUnwritable("the store %r cannot be written: %s. %s"
-                                      % (ws.store.directory, describe_os_error(refusal),
-                                         OS_ERROR_ADVICE[refusal.errno]))
-            raise StoreUnwritable("the store %r cannot be written (read-only or missing "
-                                  "permissions); free it or point TC_STORE elsewhere"
-                                  % ws.store.directory)
-        if ws.store.journal_dirs():
-            raise StoreUnwritable("an interrupted restore or import in %r could not be rolled "
-                                  "back yet: %s" % (ws.store.directory, ws.store.rollback_blocker()
-                                                    or "see server.log; fix what blocks it (a "
-                                                    "read-only or full disk) and retry"))
-        try:
-            ws.store.begin_write()
-        except OSError as exc:
-            advice = OS_ERROR_ADVICE.get(exc.errno)
-            raise StoreUnwritable("the store %r cannot be written (%s)%s"
-                                  % (ws.store.directory, describe_os_error(exc),
-                                     ". " + advice if advice else "")) from None
-
-    # -- snapshots ----------------------------------------------------------
-
-    def _trust_test(self, stamp_ns, strict):
-        """The test that lets an indexed row stand for a scanned file without
-        reading it, or None when every file must be read. strict (restores)
-        never settles for TC_SHA_REUSE's mtime+size: an undo must hold real
-        bytes. The default is git's stat cache: all five stat fields equal and
-        neither time at or after the moment the index was written (racily clean)."""
-        if self.config.full_hash:
-            return None
-        if self.config.sha_reuse and not strict:
-            return lambda row, info: row[0] == info[0] and row[1] == info[1]
-        if not STAT_CACHE_SUPPORTED:
-            return None
-        # Equal to the stat first: the time comparisons then compare numbers.
-        return lambda row, info: (row[1] == info[1] and row[2] == info[2]
-                                  and row[0] == info[0] and row[3] == info[3]
-                                  and row[4] == info[4] and row[1] < stamp_ns
-                                  and row[2] < stamp_ns)
-
-    @gc_paused
-    def _snapshot(self, ws, *, store_content, strict=False):
-        """Entries and index rows of the workspace as it is now.
-
-        Re-reads only files the stat cache cannot vouch for; stores content of
-        what it reads when store_content is set (sensitive files never read).
-        A file the cache vouches for keeps its old row and entry objects, so
-        comparing the result with the index is mostly identity checks.
-        """
-        # A preview writes nothing, not even the clock file; its rows are not kept.
-        stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
-                    else time.time_ns() - RACY_MARGIN_NS)
-        scan = scan_tree(ws.root, self._policy(ws))
-        index_doc = ws.records.read_index()
-        old_rows = index_doc["files"]
-        old_entries = ws.records.index_entries(index_doc)
-        trusted = self._trust_test(index_doc.get("stamp_ns", 0), strict)
-        entries, rows, to_read = vouched_rows(scan.files, old_rows, old_entries, trusted)
-        skipped, created = list(scan.skipped), []
-        reads = 0
-
-        def read(item):
-            rel, info = item
-            try:
-                return self._read_file(ws, rel, info, store_content, created)
-            except OSError as exc:
-                return exc
-
-        try:
-            got_all = in_parallel(read, to_read)
-        except BaseException:  # a full store, a cancel: what was stored is nobody's yet
-            ws.store.payloads.discard(created)
-            raise
-        unreadable = list(scan.unreadable)
-        for (rel, info), got in zip(to_read, got_all):
-            if isinstance(got, OSError):
-                skipped.append({"path": rel, "reason": "unreadable: %s" % describe_os_error(got)})
-                if got.errno not in VANISHED_ERRNOS:
-                    unreadable.append(rel)
-                continue
-            kind, sha, size, mode = got
-            reads += 1
-            rows[rel] = index_row(info._replace(size=size, mode=mode), kind, sha)
-            entries[rel] = manifest_entry(kind, sha, size, mode)
-        if unreadable:
-            carry_unknown(unreadable, old_rows, old_entries, rows, entries)
-        return Snapshot(entries, rows, reads, skipped, stamp_ns, created, unreadable)
-
-    def _secure_undo(self, ws, snap, rels):
-        """Make sure the content the snapshot names for rels (files about to be
-        overwritten or deleted) is in the store, re-reading any whose stored
-        copy is gone (reclaimed by tc_compress) or damaged. Only these files are checked,
-        not the whole workspace. Returns (snapshot, True when an entry changed)."""
-        entries, rows = snap.entries, snap.rows
-        wanted = {}
-        for rel in rels:
-            entry = entries.get(rel)
-            if entry is not None and entry[0] == KIND_FILE:
-                wanted.setdefault(entry[1], []).append(rel)
-        changed, reads = False, snap.reads
-        payloads = ws.store.payloads
-        gone = []
-        for sha, users in wanted.items():  # one stat each: there, and of the right size
-            size = payloads.size(sha)
-            if size is not None and size != entries[users[0]][2]:
-                # A stored copy of the wrong size is damaged: the file itself
-                # is the one good copy left, so it is stored again.
-                ws.store.log("stored content %s is damaged (wrong size); it is stored again "
-                             "from %r" % (sha, users[0]))
-                remove_file(payloads.path(sha))
-                size = None
-            if size is None:
-                gone.append(sha)
-        for sha in gone:
-            for rel in wanted[sha]:
-                row = rows[rel]
-                info = StatInfo(row[0], row[1], row[2], row[3], row[4], row[5], False)
-                try:
-                    kind, new_sha, size, mode = self._read_file(ws, rel, info, True, snap.created)
-                except OSError as exc:
-                    raise Conflict("%r could not be read to keep its current content (%s); "
-                                   "nothing was changed" % (rel, describe_os_error(exc))) from None
-                reads += 1
-                rows[rel] = index_row(info._replace(size=size, mode=mode), kind, new_sha)
-                entries[rel] = manifest_entry(kind, new_sha, size, mode)
-                changed = changed or new_sha != sha
-        return snap._replace(reads=reads), changed
-
-    def _read_file(self, ws, rel, info, store_content, created):
-        """(kind, sha, size, mode) of a scanned file, its content stored when
-        store_content. A file that changes while it is read is read again,
-        up to READ_TRIES times in all; then it counts as unreadable
-        (ChangedWhileRead), so what a record holds is a state the file had."""
-        for tries_left in range(READ_TRIES - 1, -1, -1):
-            try:
-                return self._read_file_once(ws, rel, info, store_content, created)
-            except ChangedWhileRead:
-                if not tries_left:
-                    raise
-            # A writer caught mid-save may finish meanwhile; a cancel ends the wait.
-            event = cancel_event()
-            pause = 0.05 * (READ_TRIES - tries_left)
-            if event is None:
-                time.sleep(pause)
-            elif event.wait(pause):
-                raise Cancelled(CANCELLED_TEXT)
-
-    def _read_file_once(self, ws, rel, info, store_content, created):
-        full = os.path.join(ws.root, *rel.split("/"))
-        seen = (info.dev, info.ino)
-        if info.size > MAX_CONTENT_BYTES:
-            sha, size = hash_file(full, within=ws.guard, seen=seen, whole=True)
-            return KIND_BIG, sha, size, info.mode
-        if not store_content:
-            sha, size = hash_file(full, within=ws.guard, seen=seen, whole=True)
-            return KIND_FILE, sha, size, info.mode
-        sha, size, mode, written = ws.store.payloads.put_file(full, within=ws.guard, seen=seen,
-                                                              whole=True)
-        if written:
-            created.append(written)
-        if size > MAX_CONTENT_BYTES:  # grew while being read
-            return KIND_BIG, sha, size, mode
-        return KIND_FILE, sha, size, mode
-
-    def _write_index(self, ws, snap, old_index):
-        """Rewrite the index when a row changed or a racy row can now be trusted.
-
-        Called once the state has moved, so the save or capture is recorded
-        whatever happens here; the index is a cache, and a failed write of it
-        (a disk filling up just now) leaves the old one, which the next scan
-        corrects by reading what it cannot vouch for."""
-        old_stamp = old_index.get("stamp_ns", 0)
-        if snap.rows != old_index["files"] or any(
-                row[1] >= old_stamp or row[2] >= old_stamp for row in snap.rows.values()):
-            self._keep_index(ws, {"stamp_ns": snap.stamp_ns, "files": snap.rows},
-                             entries=snap.entries)
-
-    @staticmethod
-    def _keep_index(ws, index_doc, *, entries=None, whole=False):
-        """write_index, as a cache: a failure is logged, never the operation's."""
-        try:
-            ws.records.write_index(index_doc, entries, whole=whole)
-        except OSError as exc:
-            ws.store.log("the index of task %s was not rewritten (%s); the next scan reads "
-                         "what it cannot vouch for" % (ws.task_id, describe_os_error(exc)))
-
-    def _record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
-                      head_before=None, reason=None, lists=None, later=None, unseen=()):
-        """Write a manifest and a drift record for entries; returns the record.
-
-        lists (added, modified, deleted) overrides the diff against old_entries.
-        later: see _record_manifest.
-        """
-        added, modified, deleted = lists or diff_maps(old_entries, entries)
-        number = self._record_manifest(ws, state, entries, later)
-        drift_no = state["last_drift"] + 1
-        drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
-                           modified=modified, deleted=deleted, partial=partial,
-                           head_before=head_before, reason=reason, unseen=unseen)
-        write_record(ws.records.drift_path(drift_no), drift, later)
-        state["last_drift"] = drift_no
-        return drift
-
-    # -- tc_init / tc_switch ------------------------------------------------
-
-    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
-        root = validate_root(root)
-        refuse_pseudo_file_system(root)
-        if not isinstance(name, str) or not name.strip():
-            raise InvalidArgument("name must be a non-empty string")
-        exclude = PathPolicy.check_patterns(exclude)
-        with workspace_lock(root):
-            store_dir = self._init_store_dir(root, store)
-            external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
-            st = self._store(store_dir)
-            ws = Workspace(root, st)
-            baseline, prev_suspended = self._init_task(ws, name, goal, constraints, exclude,
-                                                       external)
-        self._watch(root, st)
-        note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
-                % (baseline, len(ws.records.read_index()["files"])))
-        return {"task_id": ws.task_id, "name": ws.state["name"], "store": st.directory,
-                "store_is_external": external, "prev_suspended": prev_suspended,
-                "exclude": exclude, "note": note}
-
-    def _init_task(self, ws, name, goal, constraints, exclude, external):
-        """Make the new task in ws.store and make it the workspace's active
-        one; returns (its baseline drift id, the task it suspended or None)."""
-        st, root = ws.store, ws.root
-        with st.lock:
-            self._need_writable(ws)
-            task_id = self._new_task_id(st, name)
-            ws.task_id = task_id
-            ws.state = make_state(task_id=task_id, name=name.strip(), goal=goal or "",
-                                  constraints=constraints or "", root=root, exclude=exclude)
-            created = []  # content the baseline stored: nobody's if the init fails
-            try:
-                baseline = self._baseline(ws, created)
-                ws.records.write_state(ws.state)
-            except BaseException:
-                remove_tree(ws.records.directory)
-                ws.store.payloads.discard(created)
-                raise
-            # The new task is complete: only now is the previous one suspended.
-            # A failure from here on (a read-only workspace refusing the
-            # pointer, an unwritable current.json) undoes all of it.
-            previous = st.read_current().get(root)
-            pointer = os.path.join(root, POINTER_NAME)
-            pointer_link = readlink_or_none(pointer)
-            pointer_before = None if pointer_link else read_file_or_none(pointer)
-            try:
-                self._point_at_store(root, st, external)
-                prev_suspended = self._make_active(st, root, task_id, previous)
-            except BaseException:
-                if pointer_link is None:
-                    put_back_file(pointer, pointer_before, st.log)
-                else:
-                    put_back_link(pointer, pointer_link, st.log)
-                remove_tree(ws.records.directory)
-                ws.store.payloads.discard(created)
-                raise
-        return baseline, prev_suspended
-
-    def _init_store_dir(self, root, store):
-        """The store a tc_init uses: its store argument (checked, and only
-        where TC_STORE does not name another), else TC_STORE, else the
-        workspace's own. A workspace names one store: one that differs from
-        the store holding the workspace's tasks is refused, since those
-        tasks would be out of reach of every tool (no tc_switch back, no
-        tc_resume)."""
-        if store is not None and self.config.store and (
-                os.path.realpath(store) != os.path.realpath(self.config.store)):
-            raise InvalidArgument("TC_STORE is set to %r, so later calls would not find a task "
-                                  "stored in %r; drop the store argument or change TC_STORE"
-                                  % (self.config.store, store))
-        chosen = (self.store_dir_for(root) if store is None
-                  else self._checked_store_path(root, store, "store"))
-        try:
-            own = self.own_store_dir(root)
-        except CheckpointError:  # a damaged pointer: the new one replaces it
-            return chosen
-        if os.path.realpath(own) != os.path.realpath(chosen):
-            kept, damaged = tasks_kept_for(own, root)
-            if kept:
-                raise Conflict(self._left_behind_text(root, own, chosen, kept, damaged,
-                                                      by_env=store is None))
-        return chosen
-
-    def _left_behind_text(self, root, own, chosen, kept, damaged, *, by_env):
-        names = ", ".join(repr(t) + (" (damaged)" if t in damaged else "") for t in kept[:5])
-        if len(kept) > 5:
-            names += " and %d more" % (len(kept) - 5)
-        several = len(kept) > 1
-        text = ("this workspace's task%s %s %s kept in %r; a task in %r would put %s out of "
-                "reach of every tool. " % ("s" if several else "", names,
-                                           "are" if several else "is", own, chosen,
-                                           "them" if several else "it"))
-        text += ("Unset TC_STORE (or set it to that store)" if by_env
-                 else "Leave out store") + " to add the new task there"
-        # The ways out, all at once: the pointer file (read as own_store_dir
-        # reads it), then the workspace's own .checkpoints when it holds this
-        # workspace's tasks too (the store itself, or behind a link).
-        pointer = os.path.join(root, POINTER_NAME)
-        default = os.path.join(root, STORE_DIRNAME)
-        ways = []
-        if os.path.isfile(pointer) and not os.path.islink(pointer):
-            ways.append("delete %r (it points the workspace at that store, which keeps "
-                        "them)" % pointer)
-        if not ways or (os.path.lexists(default) and tasks_kept_for(default, root)[0]):
-            ways.append("move %r aside" % default)
-        return text + ", or first %s if they are no longer wanted here" % " and ".join(ways)
-
-    def _point_at_store(self, root, store, external):
-        """Leave the pointer file an external store needs in the workspace (or
-        remove a stale one). With TC_STORE set, later servers find the store
-        without it, so a workspace that refuses the file (read-only) is fine."""
-        pointer = os.path.join(root, POINTER_NAME)
-        try:
-            if external:
-                wanted = {"store": store.directory}
-                try:  # a link is never read as the pointer (own_store_dir): replaced
-                    if not os.path.islink(pointer) and read_json(pointer) == wanted:
-                        return
-                except (OSError, StoreCorrupt):
-                    pass
-                write_json(pointer, wanted)
-            elif os.path.isfile(pointer) and not os.path.islink(pointer):
-                remove_file(pointer)  # the default store is back in use
-        except OSError as exc:
-            if not self.config.store:
-                raise
-            store.log("the store pointer %r could not be written (%s); TC_STORE names "
-                      "the store" % (pointer, describe_os_error(exc)))
-
-    def _make_active(self, store, root, task_id, previous):
-        """Suspend root's active task `previous` and make task_id the active
-        one; on failure the previous task is left as it was. The suspended id
-        (None when nothing was open)."""
-        suspended = self._suspend(store, previous) if previous != task_id else None
-        try:
-            active = store.read_current()
-            if active.get(root) != task_id:
-                active[root] = task_id
-                store.write_current(active)
-        except BaseException:
-            if suspended:
-                self._reopen(store, suspended)
-            raise
-        return suspended
-
-    def _reopen(self, store, task_id):
-        """Best effort: put a task an unfinished switch suspended back to open."""
-        try:
-            records = store.task(task_id)
-            state = records.read_state()
-            state["status"] = "open"
-            records.write_state(state)
-        except (OSError, CheckpointError) as exc:
-            store.log("task %s stays suspended after a failed switch: %s" % (task_id, exc))
-
-    def _new_task_id(self, store, name):
-        slug = slugify(name)
-        while True:
-            task_id = "%s-%s" % (slug, random_hex(3))
-            if not store.task(task_id).exists():
-                return task_id
-
-    def _suspend(self, store, task_id):
-        if not task_id:
-            return None
-        records = store.task(task_id)
-        try:
-            state = records.read_state()
-        except (NotFound, StoreCorrupt):
-            return None
-        if state.get("status") != "open":
-            return None
-        state["status"] = "suspended"
-        records.write_state(state)
-        return task_id
-
-    def _baseline(self, ws, created):
-        """Record the workspace as the task finds it, as drift d0001; the
-        content it stores is added to the list created."""
-        snap = self._snapshot(ws, store_content=True)
-        created.extend(snap.created)
-        drift = self._record_drift(ws, ws.state, snap.entries, {}, kind="baseline",
-                                   unseen=snap.unseen)
-        ws.state["index_manifest"] = drift["manifest"]
-        ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
-                               entries=snap.entries)
-        return drift["id"]
-
-    def switch(self, root, task_id):
-        validate_task_id(task_id)
-        ws = self._workspace(root, task_id)
-        with ws.store.lock:
-            self._need_writable(ws)
-            state = ws.records.read_state()
-            if state["status"] == "closed":
-                raise TaskClosed("task %r is closed; it can be read (tc_show, tc_resume) but "
-                                 "not reopened" % task_id)
-            previous = ws.store.read_current().get(ws.root)
-            reopened = state["status"] != "open"
-            if reopened:
-                state["status"] = "open"
-                ws.records.write_state(state)
-            try:
-                self._make_active(ws.store, ws.root, task_id, previous)
-            except BaseException:
-                if reopened:
-                    try:
-                        self._suspend(ws.store, task_id)
-                    except (OSError, CheckpointError):
-                        pass  # open but not active: a save or switch sets it right
-                raise
-        self._watch(ws.root, ws.store)
-        return {"task_id": task_id, "status": "open"}
-
-    # -- tc_save ------------------------------------------------------------
-
-    def save(self, root, title, *, task_id=None, description="", conclusion="", next="",
-             verified=(), open_questions=(), close=False, paths=()):
-        if paths:
-            raise InvalidArgument("paths must be empty: a save always records the whole "
-                                  "workspace (use exclude on tc_init to leave files out)")
-        if not isinstance(title, str) or not title.strip():
-            raise InvalidArgument("title must be a non-empty string")
-        ws = self._workspace(root, task_id)
-        with ws.store.lock:
-            self._follow_active(ws)
-            self._need_writable(ws)
-            current = ws.records.read_state()
-            if current["status"] == "closed":
-                raise TaskClosed("task %r is closed; it stays readable, start a new one with "
-                                 "tc_init" % ws.task_id)
-            if current["last_step"] >= MAX_STEP and not close:
-                raise Conflict("task %r has reached step %d, the highest number a step can "
-                               "have; a tc_save with close: true closes it (what changed "
-                               "goes into a drift record), and it stays readable; start a "
-                               "new task with tc_init" % (ws.task_id, MAX_STEP))
-            # The snapshot comes first: it is the last point where a cancel
-            # stops the save, and nothing may be written before it.
-            old_index = ws.records.read_index()
-            snap = self._snapshot(ws, store_content=True)
-            try:
-                changed = self._activate(ws)
-                state = ws.state = ws.records.read_state()
-            except BaseException:
-                ws.store.payloads.discard(snap.created)
-                raise
-            counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
-            try:
-                result = self._commit_step(ws, state, old_index, snap, title.strip(),
-                                           description or "", conclusion or "", next or "",
-                                           list(verified or ()), list(open_questions or ()),
-                                           bool(close))
-            except BaseException:
-                self._drop_unrecorded(ws, counters, snap.created)
-                raise
-            # Inside the lock, so concurrent saves chain their refs in step order.
-            step = result.pop("_step", None)
-            result["git"] = self._save_git(ws, step, result)
-        result["active_task_changed"] = changed
-        self._watch(ws.root, ws.store)
-        if self.watcher:
-            self.watcher.reset(ws.root)
-        return result
-
-    def _drop_unrecorded(self, ws, counters, created):
-        """After a save or capture failed before its state moved: remove the
-        records it wrote and the content it stored, so no listing shows a
-        step the caller was told failed, and a full disk gets its space back.
-        counters: the state's record counters before the write. When the
-        state did move, the write counts. When the cleanup itself fails, the
-        store stays marked, and the next lock counts those records in
-        (reconcile_numbers), as after a crash."""
-        records = ws.records
-        try:
-            on_disk = records.read_state()
-            if any(on_disk.get(key, 0) != value for key, value in counters.items()):
-                return
-            for key, (numbers, path_of) in records.numbered_records().items():
-                for number in sorted(numbers, reverse=True):
-                    if number > counters[key]:
-                        remove_file(path_of(number))
-        except (OSError, CheckpointError):
-            ws.store.payloads.suspect = True
-            return
-        finally:
-            records.manifests.forget()
-        ws.store.payloads.discard(created)
-
-    def _activate(self, ws):
-        """Make ws.task_id the active, open task of its root; True when the
-        active task changed. (An active task found suspended, left so by an
-        interrupted switch, is reopened too.)"""
-        active = ws.store.read_current()
-        previous = active.get(ws.root)
-        state = ws.records.read_state()
-        if state["status"] == "suspended":
-            state["status"] = "open"
-            ws.records.write_state(state)
-        if previous == ws.task_id:
-            return False
-        self._make_active(ws.store, ws.root, ws.task_id, previous)
-        return True
-
-    def _commit_step(self, ws, state, old_index, snap, title, description, conclusion,
-                     next_step, verified, open_questions, close):
-        """The save pipeline after the snapshot (its payloads written):
-        (drift) -> manifest -> step -> state -> index."""
-        state_before = dict(state)
-        old_entries = ws.records.index_entries(old_index)
-        drift_id = None
-        later = []  # records made durable together with the payloads, before the state
-        # Only a close gets this far at the highest step number (see save): it
-        # makes no step, so what changed always goes into a drift record.
-        at_limit = state["last_step"] >= MAX_STEP
-        if snap.entries != old_entries or not state.get("index_manifest"):
-            if state.get("index_manifest") or at_limit:
-                reason = ("closed at the highest step number, as %r" % title[:200]
-                          if at_limit else None)
-                drift_id = self._record_drift(ws, state, snap.entries, old_entries,
-                                              kind="save", later=later, reason=reason,
-                                              unseen=snap.unseen)["id"]
-            else:
-                self._record_manifest(ws, state, snap.entries, later)
-            state["index_manifest"] = state["last_manifest"]
-        manifest_no = state["index_manifest"]
-        head = ws.records.read_step(state["head"]) if state["head"] else None
-        result = {"task_id": ws.task_id, "title": title, "groups": find_groups(snap.entries),
-                  "skipped_paths": snap.skipped}
-        if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
-                           snap):
-            index, idempotent, new_step = head["index"], True, None
-        elif at_limit:
-            index, idempotent, new_step = state["head"], False, None
-            result["title"] = head["title"] if head else title  # the step that stays the head
-        else:
-            index, idempotent = state["last_step"] + 1, False
-            new_step = make_step(index=index, title=title, description=description,
-                                 conclusion=conclusion, next_step=next_step, verified=verified,
-                                 open_questions=open_questions, manifest=manifest_no,
-                                 drift_id=drift_id, groups=result["groups"],
-                                 unseen=snap.unseen)
-            write_record(ws.records.step_path(index), new_step, later)
-            state["last_step"] = state["head"] = index
-            state["head_manifest"] = manifest_no
-        if close:
-            state["status"] = "closed"
-            state["closed"] = now_iso()
-        if state != state_before:  # an idempotent save leaves the state file alone
-            ws.records.write_state_with(
-                state, lambda staged: ws.store.payloads.flush_with(later + staged))
-        else:
-            ws.store.payloads.flush_with(later)
-        self._write_index(ws, snap, old_index)
-        result.update({"index": index, "idempotent": idempotent, "closed": close,
-                       "status": state["status"]})
-        if new_step is not None:
-            result["_step"] = (index, snap.entries, title)
-        return result
-
-    @staticmethod
-    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, snap):
-        """An idempotent save: same title, conclusion, next and verified as the
-        head step, the same unseen paths, and the same files (compared only
-        when the rest matches)."""
-        if head is None or (head.get("title"), head.get("conclusion"), head.get("next"),
-                            head.get("verified"), head.get("unseen", [])) != (
-                                title, conclusion, next_step, verified, sorted(snap.unseen)):
-            return False
-        return (head["manifest"] == manifest_no
-                or ws.records.manifests.load(head["manifest"]) == snap.entries)
-
-    def _record_manifest(self, ws, state, entries, later=None):
-        """Write the next manifest. Without `later`, the payloads it names are
-        flushed before it and it is made durable at once; with a list, the
-        caller flushes payloads and records together (flush_with) before the
-        state that points at them is written."""
-        if later is None:
-            ws.store.payloads.flush()
-        number = state["last_manifest"] + 1
-        ws.records.manifests.append(number, entries, base=state["last_manifest"], later=later)
-        state["last_manifest"] = number
-        return number
-
-    def _save_git(self, ws, step, result):
-        """The git result of a save: the new step's ref, or "no new step".
-        After a writer died (found since this process last looked), a save
-        also writes a ref that the step before its new one, or the head it
-        repeats, lacks: the dead writer may have been cut off between a step
-        and its ref."""
-        after_crash = (ws.store.writer_died and self.git.enabled
-                       and ws.task_id not in ws.store.refs_checked)
-        ws.store.refs_checked.add(ws.task_id)  # each task checks once after a crash
-        if step is not None:
-            return self._git_ref(ws, step, catch_up=after_crash)
-        if after_crash and result["idempotent"]:
-            try:
-                head = ws.records.read_step(result["index"])
-                entries = ws.records.manifests.load(head["manifest"])
-            except (CheckpointError, OSError):
-                return self.git.skipped("no new step")
-            made = self._git_ref(ws, (head["index"], entries, head["title"]))
-            if made["ok"]:
-                return made
-        return self.git.skipped("no new step")
-
-    def _git_ref(self, ws, step, *, catch_up=False):
-        """The git result of writing a step's ref; with catch_up, the ref
-        of the step before it is written first when it has none."""
-        index, entries, title = step
-
-        def earlier_step():
-            record = ws.records.read_step(index - 1)
-            return (ws.records.manifests.load(record["manifest"]),
-                    step_message(ws.task_id, index - 1, record["title"]))
-
-        try:
-            return self.git.write_step_ref(
-                root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
-                step_index=index, entries=entries, payload_path=ws.store.payloads.path,
-                message=step_message(ws.task_id, index, title),
-                earlier=(index - 1, earlier_step) if catch_up else None)
-        except Exception as exc:  # git never fails a save
-            self.log("git ref failed: %s" % traceback_text())
-            return self.git.skipped("git failed", error=str(exc))
-
-    # -- tc_show ------------------------------------------------------------
-
-    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
-        ws = self._workspace(root, task_id)
-        with ws.store.lock:
-            self._follow_active(ws)
-            state = ws.records.read_state()
-            if index is not None:
-                ws.records.check_step_number(index, state["last_step"])
-                step = ws.records.read_step(index)
-                files = ws.records.manifests.load(step["manifest"])
-                paths = sorted(files)[cursor:cursor + limit]
-                steps = [self._step_view(step, state, files={p: files[p] for p in paths})]
-                steps[0]["file_count"] = len(files)
-                numbers = []
-                next_cursor = cursor + limit if cursor + limit < len(files) else None
-            else:
-                numbers = ws.records.step_numbers()
-                page = numbers[cursor:cursor + limit]
-                steps = [self._listed(lambda: self._step_view(ws.records.read_step(n), state),
-                                      {"index": n, "head": n == state["head"]})
-                         for n in page]
-                next_cursor = cursor + limit if cursor + limit < len(numbers) else None
-            drifts = []
-            if include_drift:
-                drift_numbers = ws.records.drift_numbers()
-                page = drift_numbers[cursor:cursor + limit]
-                drifts = [self._listed(lambda: self._drift_view(ws.records.read_drift(
-                    "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in page]
-                if cursor + limit < len(drift_numbers):
-                    next_cursor = cursor + limit
-        self._watch(ws.root, ws.store)
-        return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
-                "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
-                "total_steps": len(numbers) if index is None else None}
-
-    @staticmethod
-    def _listed(view, stub):
-        """view() for a listing; a record that cannot be read is listed as
-        stub with "damaged" saying why, so one bad record does not hide the
-        others (showing or restoring it still fails with that reason)."""
-        try:
-            return view()
-        except (StoreCorrupt, NotFound) as exc:  # NotFound: a dangling link by its name
-            return dict(stub, damaged=str(exc))
-        except OSError as exc:
-            return dict(stub, damaged="cannot be read: %s" % describe_os_error(exc))
-
-    @staticmethod
-    def _step_view(step, state, files=None):
-        view = {k: step.get(k) for k in ("index", "title", "description", "conclusion",
-                                         "next", "verified", "open_questions", "created",
-                                         "drift_id")}
-        view["head"] = step["index"] == state["head"]
-        if files is not None:
-            view["files"] = [{"path": p, "size": e[2], "mode": "%o" % e[3],
-                              "kind": {"f": "file", "s": "sensitive", "b": "large"}[e[0]],
-                              "sha256": e[1]} for p, e in sorted(files.items())]
-        return view
-
-    @staticmethod
-    def _drift_view(drift):
-        view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
-                                          "added", "modified", "deleted", "head_before")}
-        view["restorable"] = not drift.get("compressed")
-        return view
-
-    # -- tc_resume ----------------------------------------------------------
-
-    @gc_paused
-    def resume(self, root, *, task_id=None):
-        """Read-only: where the task stands, and what changed since it was recorded."""
-        ws = self._workspace(root, task_id, lenient=True)
-        errors = []
-        with ws.store.lock:
-            self._follow_active(ws, lenient=True)
-            # The state as of the lock: a save or capture that held it while
-            # this call waited has moved it, and the index read below with it.
-            self._read_task_state(ws, lenient=True)
-            active = ws.store.read_current().get(ws.root)
-            if ws.state is None:
-                return self._damaged_resume(ws, active)
-            state = ws.state
-            last = self._read_step_checked(ws, state["head"], errors)
-            errors_before = len(errors)
-            index_doc = self._read_index_checked(ws, errors)
-            index_ok = len(errors) == errors_before
-            errors.extend(self._health(ws, state))
-            recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
-        unread, unseen = None, []
-        try:
-            scan = scan_tree(ws.root, self._policy(ws))
-            unseen = scan.unreadable
-            drift_paths, skipped = self._readable_drift(
-                ws, self._drift_paths(scan, index_doc), scan.skipped)
-        except OSError as exc:  # the progress is still worth giving
-            unread = exc.strerror or exc.__class__.__name__
-            drift_paths, skipped = [], [{"path": ".", "reason": "unreadable directory: %s"
-                                         % unread}]
-        changed = sorted(set(recorded).union(drift_paths))
-        last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
-                                                          "next")}
-        next_step = last_view["next"]
-        result = {"task_id": ws.task_id, "name": state["name"], "status": state["status"],
-                  "goal": state["goal"], "constraints": state["constraints"],
-                  "head": state["head"], "last": last_view,
-                  "open_questions": (last or {}).get("open_questions", []),
-                  "drift_paths": drift_paths, "next": next_step,
-                  "changed_since_step": changed,
-                  "health": {"ok": not errors, "errors": list(dict.fromkeys(errors))},
-                  "store": ws.store.directory, "active_task": active, "skipped": skipped}
-        result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
-                                         unseen=unseen)
-        self._watch(ws.root, ws.store)  # a new session starts here: record from now on
-        return result
-
-    def _not_in_package(self, ws, state):
-        """Under the store lock, for an export: the paths whose files differ
-        from what the package holds (the head step, else the latest record),
-        the same list tc_resume gives as changed_since_step. Empty when the
-        workspace cannot be read: the export does not depend on it."""
-        errors = []
-        index_doc = self._read_index_checked(ws, errors)
-        try:
-            drift_paths = self._readable_drift(
-                ws, self._drift_paths(scan_tree(ws.root, self._policy(ws)), index_doc), [])[0]
-        except OSError:
-            return []
-        recorded = self._recorded_since_step(ws, state, None if errors else index_doc)
-        return sorted(set(recorded).union(drift_paths))
-
-    @staticmethod
-    def _recorded_since_step(ws, state, index_doc):
-        """The paths whose latest record differs from the head step: changes
-        the watcher or tc_capture recorded that no step holds yet. The
-        latest record is read from the index (index_doc, already in memory),
-        or from the manifest the state names when the index cannot be read
-        (index_doc None). An index left behind by a failed write can only
-        miss changes that drift_paths, compared against the same index,
-        then names."""
-        head_no, latest_no = state.get("head_manifest", 0), state.get("index_manifest", 0)
-        if not state["head"] or not head_no or latest_no == head_no:
-            return []
-        try:
-            step_entries = ws.records.manifests.load(head_no)
-            if index_doc is not None:
-                latest = ws.records.index_entries(index_doc)
-            elif latest_no:
-                latest = ws.records.manifests.load(latest_no)
-            else:
-                return []
-        except CheckpointError:  # the head's manifest is among health.errors already
-            return []
-        added, modified, deleted = diff_maps(step_entries, latest)
-        return added + modified + deleted
-
-    def _damaged_resume(self, ws, active):
-        """What resume can say when the task's state file cannot be read."""
-        errors = self._health(ws, {}) or [
-            "%r could not be read as a task state; it is damaged" % ws.records.state_path]
-        empty = {"title": "", "conclusion": "", "description": "", "next": ""}
-        return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
-                "constraints": "", "head": 0, "last": empty, "open_questions": [],
-                "drift_paths": [], "changed_since_step": [], "next": "", "health": {"ok": False, "errors": errors},
-                "store": ws.store.directory, "active_task": active, "skipped": [],
-                "handoff": "Task %s: its state file is damaged; see health.errors" % ws.task_id}
-
-    @staticmethod
-    def _read_step_checked(ws, index, errors):
-        if not index:
-            return None
-        try:
-            return ws.records.read_step(index)
-        except CheckpointError as exc:
-            errors.append(str(exc))
-            return None
-
-    def _read_index_checked(self, ws, errors):
-        try:
-            doc = ws.records.read_index()
-        except OSError as exc:
-            errors.append("cannot read %r: %s" % (ws.records.index_path, describe_os_error(exc)))
-            return {"stamp_ns": 0, "files": {}}
-        if ws.records.index_error:
-            errors.append("%s (it is rebuilt by the next save)" % ws.records.index_error)
-        return doc
-
-    @staticmethod
-    def _readable_drift(ws, paths, skipped):
-        """paths without the files this process may not read, which no save
-        can record either: they go to skipped (a new list) instead, so an
-        unreadable file is not reported as unsaved work forever."""
-        readable, skipped = [], list(skipped)
-        for rel in paths:
-            full = os.path.join(ws.root, *rel.split("/"))
-            if os.path.lexists(full) and not os.access(full, os.R_OK):
-                skipped.append({"path": rel, "reason": "unreadable: Permission denied"})
-            else:
-                readable.append(rel)
-        return readable, skipped
-
-    @staticmethod
-    def _drift_paths(scan, index_doc):
-        rows = index_doc["files"]
-        paths = [rel for rel, info in scan.files.items()
-                 if rel not in rows or rows[rel][0] != info.size or rows[rel][1] != info.mtime_ns]
-        unseen = unseen_test(scan.unreadable)
-        paths.extend(rel for rel in rows if rel not in scan.files and not unseen(rel))
-        return sorted(paths)
-
-    def _health(self, ws, state):
-        """Problems with the store itself: leftovers, unreadable records, lost content."""
-        errors = []
-        for dirpath, _dirs, names in os.walk(ws.records.directory):
-            for name in names:
-                if name.startswith(".tmp-"):
-                    errors.append("leftover temporary file %r (an interrupted write, part of "
-                                  "no record; safe to delete)" % os.path.join(dirpath, name))
-        path = ws.records.state_path
-        try:
-            ws.records.read_state()  # parsed and checked field by field
-        except NotFound:
-            errors.append("%r is missing" % path)
-        except StoreCorrupt as exc:
-            errors.append(str(exc))
-        except OSError as exc:
-            errors.append("cannot read %r: %s" % (path, describe_os_error(exc)))
-        if ws.store.journal_dirs():
-            blocker = ws.store.rollback_blocker()
-            errors.append("an interrupted restore or import is pending; it is rolled back "
-                          "by the next tool call that writes" + (": " + blocker if blocker
-                                                                 else ""))
-        if state.get("head"):
-            errors.extend(self._missing_content(ws, state))
-        return errors
-
-    def _missing_content(self, ws, state):
-        try:
-            step = ws.records.read_step(state["head"])
-            entries = ws.records.manifests.load(step["manifest"])
-        except CheckpointError as exc:
-            return [str(exc)]
-        lost = set(ws.store.payloads.missing({e[1] for e in entries.values()
-                                              if e[0] == KIND_FILE}, reuse_listings=True))
-        missing = [p for p, e in entries.items() if e[0] == KIND_FILE and e[1] in lost]
-        if missing:
-            return ["content of %d file(s) of step %d is missing from the store, e.g. %r"
-                    % (len(missing), state["head"], sorted(missing)[0])]
-        return []
-
-    # -- tc_capture ---------------------------------------------------------
-
-    @gc_paused
-    def unrecorded_signature(self, root, walked=None):
-        """Stat-only description of unrecorded changes (empty when there are none).
-
-        A dict passed as walked receives "records", the store files whose
-        change would change the answer (active task, state, index), "dirs",
-        the directories the walk went through (see scan_tree), and "ignored",
-        a test (rel, name) -> True for paths whose changes are none of this
-        workspace's (excluded names, the store).
-        """
-        with self._guard:
-            store_dir = self._watched.get(root)
-        ws = self._workspace(root)
-        if walked is not None:
-            walked["records"] = (ws.store.current_path, ws.records.state_path,
-                                 ws.records.index_path, ws.records.index_log_path)
-        if store_dir and ws.store.directory != store_dir:
-            return ()
-        if ws.state["status"] != "open":
-            return ()
-        rows = ws.records.read_index()["files"]
-        policy = self._policy(ws)
-        dirs = None
-        if walked is not None:
-            dirs = walked["dirs"] = []
-            excluded, store_rel = policy.excluded_name, policy.store_rel
-            walked["ignored"] = lambda rel, name: excluded(name) or rel == store_rel
-        scan = scan_tree(ws.root, policy, dirs)
-        files = scan.files
-        changed = [(rel,) + info[:5] for rel, info in files.items()
-                   if (row := rows.get(rel)) is None or row[1] != info[1] or row[2] != info[2]
-                   or row[0] != info[0] or row[3] != info[3] or row[4] != info[4]]
-        if len(rows) + len(changed) > len(files):  # something recorded is gone
-            unseen = unseen_test(scan.unreadable)
-            changed.extend((rel,) for rel in rows if rel not in files and not unseen(rel))
-        return tuple(sorted(changed))
-
-    def capture(self, root, *, source="capture", partial=False):
-        ws = self._workspace(root)
-        # A watcher capture comes after its own quiet period (or is partial by
-        # its own decision); a tool call captures what the watcher still waits on.
-        waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
-        with ws.store.lock:
-            self._follow_active(ws)
-            self._need_writable(ws)
-            state = ws.state = ws.records.read_state()
-            if state["status"] == "closed":
-                raise TaskClosed("task %r is closed; nothing is recorded for it" % ws.task_id)
-            old_index = ws.records.read_index()
-            snap = self._snapshot(ws, store_content=True)
-            old_entries = ws.records.index_entries(old_index)
-            drift = None
-            if snap.entries != old_entries:
-                later = []
-                counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
-                try:
-                    drift = self._record_drift(ws, state, snap.entries, old_entries,
-                                               kind=source, partial=partial or waiting,
-                                               later=later, unseen=snap.unseen)
-                    state["index_manifest"] = drift["manifest"]
-                    ws.records.write_state_with(
-                        state, lambda staged: ws.store.payloads.flush_with(later + staged))
-                except BaseException:
-                    self._drop_unrecorded(ws, counters, snap.created)
-                    raise
-            self._write_index(ws, snap, old_index)
-        self._watch(ws.root, ws.store)
-        if self.watcher and source == "capture":
-            self.watcher.reset(ws.root)
-        return {"captured": drift is not None, "waiting": waiting,
-                "drift_id": drift["id"] if drift else None,
-                "partial": bool(drift and drift["partial"]), "reads": snap.reads,
-                "skipped_paths": snap.skipped,
-                "added": drift["added"] if drift else [],
-                "modified": drift["modified"] if drift else [],
-                "deleted": drift["deleted"] if drift else []}
-
-    # -- tc_restore ---------------------------------------------------------
-
-    def restore(self, root, *, index=None, drift_id=None, apply=False):
+    def check_target(index, drift_id):
+        """Refuse a restore's target arguments before anything is resolved."""
         if (index is None) == (drift_id is None):
             raise InvalidArgument("pass exactly one of index (a step number) or drift_id "
                                   "(a drift record such as 'd0003')")
         if drift_id is not None:
             validate_drift_id(drift_id)
-        ws = self._workspace(root)
-        with ws.store.lock:
-            self._follow_active(ws)
-            state = ws.state = ws.records.read_state()
-            if apply:
-                self._need_writable(ws)
-                if state["status"] == "closed":
-                    raise TaskClosed("task %r is closed: a restore can be previewed "
-                                     "(apply: false) but not applied" % ws.task_id)
-            target_no, head_after, unseen = self._restore_target(ws, state, index, drift_id)
-            target = ws.records.manifests.load(target_no)
-            snap = self._snapshot(ws, store_content=apply, strict=apply)
-            plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                skipped=snap.skipped, unseen=unseen, policy=self._policy(ws))
-            if apply:
-                created = snap.created
-                try:
-                    snap, changed = self._secure_undo(ws, snap,
-                                                      plan["to_delete"] + plan["to_replace"])
-                except BaseException:
-                    ws.store.payloads.discard(created)  # nothing records them yet
-                    raise
-                if changed:
-                    plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                        skipped=snap.skipped, unseen=unseen,
-                                        policy=self._policy(ws))
-            recovered, skipped = None, snap.skipped
-            if apply:
-                recovered, left = self._apply_restore(ws, state, target, target_no, snap, plan,
-                                                      head_after)
-                skipped = skipped + left
-        self._watch(ws.root, ws.store)
-        if apply and self.watcher:
-            self.watcher.reset(ws.root)
+
+    def restore(self, ws, *, index, drift_id, apply):
+        """Preview, or with apply do, a restore of ws to a step or a drift
+        record (under the lock)."""
+        ws.follow_active()
+        state = ws.state = ws.records.read_state()
+        if apply:
+            ws.need_writable()
+            if state["status"] == "closed":
+                raise TaskClosed("task %r is closed: a restore can be previewed "
+                                 "(apply: false) but not applied" % ws.task_id)
+        target_no, head_after, unseen = self._restore_target(ws, state, index, drift_id)
+        target = ws.records.manifests.load(target_no)
+        snap = self.recorder.snapshot(ws, store_content=apply, strict=apply)
+        plan = plan_restore(target, snap.entries, ws.store.payloads.has,
+                            skipped=snap.skipped, unseen=unseen, policy=self.policies.of(ws))
+        if apply:
+            created = snap.created
+            try:
+                snap, changed = self.recorder.secure_undo(ws, snap,
+                                                  plan["to_delete"] + plan["to_replace"])
+            except BaseException:
+                ws.store.payloads.discard(created)  # nothing records them yet
+                raise
+            if changed:
+                plan = plan_restore(target, snap.entries, ws.store.payloads.has,
+                                    skipped=snap.skipped, unseen=unseen,
+                                    policy=self.policies.of(ws))
+        recovered, skipped = None, snap.skipped
+        if apply:
+            recovered, left = self._apply_restore(ws, state, target, target_no, snap, plan,
+                                                  head_after)
+            skipped = skipped + left
         return {"applied": bool(apply), "recovered": recovered,
                 "plan": {k: plan[k] for k in ("to_delete", "to_write", "to_replace",
                                               "unrestorable")},
@@ -7438,7 +7489,7 @@ class Checkpoints:
             rows = self._rows_after_restore(snap, target, done, stats)
             # The recovered record lists what undoing the restore brings back.
             later = []  # its manifest and record, made durable with the state's bytes
-            drift = self._record_drift(
+            drift = self.recorder.record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
                 lists=(done["to_delete"], done["to_replace"], done["to_write"]),
                 later=later, unseen=snap.unseen)
@@ -7449,48 +7500,13 @@ class Checkpoints:
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state_with(
                 state, lambda staged: ws.store.payloads.flush_with(later + staged))
-            self._keep_index(ws, self._index_after_writes(
+            self.recorder.keep_index(ws, index_after_writes(
                 ws, rows, set(done["to_write"]) | set(done["to_replace"]), snap.stamp_ns,
                 set(done["to_replace"])))
         except BaseException as exc:
-            self._undo(journal, "restore", exc)
+            undo_failed_operation(self.log, journal, "restore", exc)
         journal.finish()
         return drift["id"], journal.left_paths()
-
-    def _undo(self, journal, what, exc):
-        try:
-            not_back = journal.rollback()
-        except Exception as failure:
-            if isinstance(failure, OSError) and failure.errno in OS_ERROR_ADVICE:
-                why = "%s. %s" % (describe_os_error(failure), OS_ERROR_ADVICE[failure.errno])
-                self.log("rollback of %s failed: %s" % (what, why))
-            elif isinstance(failure, OSError) and failure.errno in VANISHED_ERRNOS:
-                why = ("%s (the workspace changed while it was rolled back)"
-                       % describe_os_error(failure))
-                self.log("rollback of %s failed: %s" % (what, why))
-            elif isinstance(failure, CheckpointError):
-                why = str(failure)
-                self.log("rollback of %s failed: %s" % (what, why))
-            else:  # unexpected: the log gets the traceback
-                why = "%s (details in server.log)" % (describe_os_error(failure)
-                                                      if isinstance(failure, OSError)
-                                                      else type(failure).__name__)
-                self.log("rollback of %s failed: %s" % (what, traceback_text()))
-            first = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
-            raise StoreCorrupt("the %s failed (%s) and could not be fully undone yet; the next "
-                               "tool call retries the rollback: %s" % (what, first, why)) from None
-        undone = "nothing was changed"
-        if not_back:
-            undone = ("it was undone except for %d file(s) that could not be put back (%s; "
-                      "see server.log)" % (len(not_back), ", ".join(map(repr, not_back[:5]))))
-        if isinstance(exc, CheckpointError):
-            raise CheckpointError("the %s failed and %s: %s" % (what, undone, exc)) from None
-        if isinstance(exc, OSError):
-            advice = OS_ERROR_ADVICE.get(exc.errno)
-            raise CheckpointError("the %s failed and %s: %s%s"
-                                  % (what, undone, describe_os_error(exc),
-                                     ". " + advice if advice else "")) from None
-        raise exc
 
     def _apply_plan(self, ws, journal, target, plan, rows):
         """Delete and write what the plan says; rows: the index rows of the
@@ -7576,37 +7592,6 @@ class Checkpoints:
         return after
 
     @staticmethod
-    def _index_after_writes(ws, rows, written, scanned_ns, overwritten=()):
-        """The index to keep after a restore or an import wrote the files in
-        written (their rows hold the stat taken after the last change).
-
-        Its stamp is read now, after those writes, so a written file whose
-        times are older than the stamp is trusted by the next scan like any
-        file recorded before its index was written, instead of being read
-        back. A row the scan before the writes could not trust (a time at or
-        after scanned_ns, the stamp of that scan) must not turn trusted under
-        the later stamp: its ctime becomes one no file has, so the next scan
-        reads that file. So does the row of a written file over
-        WRITTEN_TRUST_LIMIT bytes: it took several writes, and another
-        program writing it meanwhile would leave bytes that are neither the
-        stored content nor its own, under the stat of our last write. And so
-        does the row of a file in overwritten, written over its old bytes in
-        place: nothing flushed those writes, and a file system orders such
-        writes after nothing, so a power cut or a disk error could leave the
-        old bytes under the new stat (a new file, or a longer one, shows its
-        loss in its size)."""
-        stamp = ws.store.clock_stamp(ws.root)
-        settled = {}
-        for rel, row in rows.items():
-            if rel in written:
-                if row[0] > WRITTEN_TRUST_LIMIT or rel in overwritten:
-                    row = row[:2] + [-1] + row[3:]
-            elif row[1] >= scanned_ns or row[2] >= scanned_ns:
-                row = row[:2] + [-1] + row[3:]
-            settled[rel] = row
-        return {"stamp_ns": stamp, "files": settled}
-
-    @staticmethod
     def _rows_after_restore(snap, target, plan, stats):
         """Index rows after a restore: the written files' stat as they were
         closed (no second stat of each)."""
@@ -7620,44 +7605,50 @@ class Checkpoints:
             rows[rel] = index_row(info, KIND_FILE, target[rel][1])
         return rows
 
-    # -- tc_compress --------------------------------------------------------
 
-    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50):
+class Compaction:
+    """tc_compress: which drift content may go, marking its records
+    first, then deleting it."""
+
+    @staticmethod
+    def check_limits(keep_seconds, minimum, maximum):
+        """Refuse limits that are not whole numbers >= 0; the minimum that
+        applies. At most maximum copies are kept whatever minimum says (a
+        call that passes only a small maximum meets the default minimum):
+        the result gives the minimum that applied."""
         for name, value in (("keep_seconds", keep_seconds), ("minimum", minimum),
                             ("maximum", maximum)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgument("%s must be a whole number >= 0, got %r" % (name, value))
-        # At most maximum copies are kept whatever minimum says (a call that
-        # passes only a small maximum meets the default minimum): the result
-        # gives the minimum that applied.
-        minimum = min(minimum, maximum)
-        ws = self._workspace(root)
+        return min(minimum, maximum)
+
+    def compress(self, ws, *, keep_seconds, minimum, maximum):
+        """Reclaim drift content of ws's workspace (under the lock)."""
         result = {"converted": 0, "eligible": 0, "already_gone": 0, "bytes_freed": 0,
                   "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum}
-        with ws.store.lock:
-            self._need_writable(ws)
-            protected = self._protected_content(ws.store)
-            drifts, unreclaimed = self._compressible_drifts(ws)
-            eligible = self._eligible_copies(drifts, keep_seconds, minimum, maximum)
-            result["eligible"] = len(eligible)
-            payloads = ws.store.payloads
-            chosen = {}
-            for drift_key, sha in eligible:
-                if sha in protected:
-                    continue
-                if not payloads.has(sha):
-                    result["already_gone"] += 1
-                chosen.setdefault(drift_key, set()).add(sha)
-            needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
-            # Content an earlier compress marked but did not get to delete
-            # (it was stopped between the two) is reclaimed now.
-            freed, result["bytes_freed"] = self._mark_compressed_all(
-                payloads, drifts, chosen, needed, unreclaimed - needed)
-            result["converted"] = len(chosen)
-            result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
-            orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
-            result["unreferenced"] = len(orphans)
-            result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
+        ws.need_writable()
+        protected = self._protected_content(ws.store)
+        drifts, unreclaimed = self._compressible_drifts(ws)
+        eligible = self._eligible_copies(drifts, keep_seconds, minimum, maximum)
+        result["eligible"] = len(eligible)
+        payloads = ws.store.payloads
+        chosen = {}
+        for drift_key, sha in eligible:
+            if sha in protected:
+                continue
+            if not payloads.has(sha):
+                result["already_gone"] += 1
+            chosen.setdefault(drift_key, set()).add(sha)
+        needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
+        # Content an earlier compress marked but did not get to delete
+        # (it was stopped between the two) is reclaimed now.
+        freed, result["bytes_freed"] = self._mark_compressed_all(
+            payloads, drifts, chosen, needed, unreclaimed - needed)
+        result["converted"] = len(chosen)
+        result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
+        orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
+        result["unreferenced"] = len(orphans)
+        result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
         return result
 
     def _mark_compressed_all(self, payloads, drifts, chosen, needed, freed):
@@ -7852,13 +7843,25 @@ class Checkpoints:
                     eligible.append((key, sha))
         return eligible
 
-    # -- tc_export ----------------------------------------------------------
 
-    def export(self, root, to, *, history=False):
+class Exporting:
+    """tc_export: a handoff package built under a temporary name and
+    renamed into place."""
+
+    def __init__(self, reporting):
+        self.reporting = reporting
+        self.policies = reporting.policies
+
+    @staticmethod
+    def check_destination(to):
+        """The real path of to, an existing directory; refused otherwise."""
         to = validate_abs_dir(to, "to")
         if not os.path.isdir(to):
             raise InvalidArgument("to %r must be an existing directory" % to)
-        ws = self._workspace(root)
+        return to
+
+    def export(self, ws, to, *, history):
+        """Write ws's package into the folder to; takes the store lock."""
         store = enclosing_store(to)
         if store is None and _at_or_inside(to, os.path.realpath(ws.store.directory)):
             store = ws.store.directory
@@ -7873,7 +7876,6 @@ class Checkpoints:
             raise CheckpointError("export to %r failed, and its unfinished package was "
                                   "removed: %s%s" % (to, describe_os_error(exc),
                                                      ". " + advice if advice else "")) from None
-        self._watch(ws.root, ws.store)
         return {"path": final, "filtered": desc["filtered"],
                 "files": [f["path"] for f in desc["files"]], "changed_since_step": left_out}
 
@@ -7884,13 +7886,13 @@ class Checkpoints:
         notes where it is (begin_export): a later lock holder removes it only
         once no process holds that lock, so neither a copy of the store nor
         another server can take a live export's package for a dead one's."""
-        self._follow_active(ws)  # (another server may have switched tasks meanwhile)
+        ws.follow_active()  # (another server may have switched tasks meanwhile)
         final, prefix, tmp = self._package_names(ws, to)
         for name in os.listdir(to):
             if name.startswith(prefix) and folder_abandoned(os.path.join(to, name)):
                 remove_tree(os.path.join(to, name))  # a dead export's
         state = ws.records.read_state()
-        left_out = self._not_in_package(ws, state)
+        left_out = self.reporting.changed_since_step(ws, state)
         note = ws.store.begin_export(tmp)  # first: a kill from here on leaves it noted
         held = None
         try:
@@ -7946,7 +7948,7 @@ class Checkpoints:
     def _export_files(self, ws, entries, directory):
         files, filtered = [], []
         payloads = ws.store.payloads
-        entries = sensitive_now(entries, self._policy(ws))
+        entries = sensitive_now(entries, self.policies.of(ws))
         longest = path_length_limit(os.path.dirname(directory))
         for rel, (kind, sha, size, mode, _m) in sorted(entries.items()):
             if kind == KIND_SENSITIVE:
@@ -7967,7 +7969,7 @@ class Checkpoints:
 
     def _export_history(self, ws, directory):
         """Every step's record and full manifest, and each needed content once."""
-        policy = self._policy(ws)
+        policy = self.policies.of(ws)
         steps = []
         payloads = ws.store.payloads
         written, made = set(), set()
@@ -7984,27 +7986,38 @@ class Checkpoints:
                           "files": {p: list(e) for p, e in sorted(entries.items())}})
         return steps
 
-    # -- tc_import ----------------------------------------------------------
+
+class Importing:
+    """tc_import: a package checked whole, journaled, written, and made
+    the workspace's active task."""
+
+    def __init__(self, workspaces, recorder, log):
+        self.workspaces = workspaces
+        self.recorder = recorder
+        self.policies = recorder.policies
+        self.log = log
 
     def import_package(self, root, package):
+        """Check the package whole, choose the workspace's store and import
+        into it; (the result, the Workspace)."""
         root = validate_root(root)
         refuse_pseudo_file_system(root)
         package = validate_abs_dir(package, "package")
         desc = load_package(package)
         task_id = desc["task"]["task_id"]
         with workspace_lock(root):  # no tc_init moves the workspace to another store meanwhile
-            store = self._store(self.store_dir_for(root))
+            store = self.workspaces.store(self.workspaces.store_dir_for(root))
             ws = Workspace(root, store, task_id, {"exclude": desc["task"].get("exclude") or []})
-            refuse_foreign_paths(desc, self._policy(ws))
+            refuse_foreign_paths(desc, self.policies.of(ws))
             with store.lock:
-                self._need_writable(ws)
+                ws.need_writable()
                 if ws.records.exists() or os.path.lexists(ws.records.directory):
                     raise AlreadyExists("task %r already exists in the store %r; nothing was "
                                         "imported" % (task_id, store.directory))
-                self._release_caches(keep=store)
+                self.workspaces.release_caches(keep=store)
+                self.policies.clear()
                 recovered, left = self._import_locked(ws, package, desc)
-        self._watch(root, store)
-        return {"task_id": task_id, "recovered": recovered, "skipped_paths": left}
+        return {"task_id": task_id, "recovered": recovered, "skipped_paths": left}, ws
 
     def _import_locked(self, ws, package, desc):
         """Journal, write and record an import; returns (the recovered drift
@@ -8012,7 +8025,7 @@ class Checkpoints:
         the paths left as they were, changed since the import's snapshot)."""
         payloads = ws.store.payloads
         # The workspace as it is, content stored: the undo point for overwritten files.
-        pre = self._snapshot(ws, store_content=True)
+        pre = self.recorder.snapshot(ws, store_content=True)
         history = []  # payloads this import stored from the package's history
         try:
             pre, journal, overwritten, fulls, new_payloads = self._import_plan(
@@ -8025,7 +8038,7 @@ class Checkpoints:
         try:
             recovered = self._import_apply(ws, journal, package, desc, pre, overwritten, fulls)
         except BaseException as exc:
-            self._undo(journal, "import", exc)
+            undo_failed_operation(self.log, journal, "import", exc)
         journal.finish()
         return recovered, journal.left_paths()
 
@@ -8035,7 +8048,7 @@ class Checkpoints:
         their absolute paths, and the payloads it adds (history: those stored
         from the package's history, as they are stored)."""
         payloads = ws.store.payloads
-        pre, _ = self._secure_undo(ws, pre, [f["path"] for f in desc["files"]])
+        pre, _ = self.recorder.secure_undo(ws, pre, [f["path"] for f in desc["files"]])
         journal = Journal(ws.store, "import", ws.root)
         overwritten = []
         checked = set()  # folders found not to be links, for every call of this import
@@ -8080,15 +8093,15 @@ class Checkpoints:
         overwritten = [rel for rel in overwritten if rel not in left]
         if overwritten:
             new_paths = sorted({f["path"] for f in desc["files"]} - set(pre.entries) - left)
-            recovered = self._record_drift(ws, state, pre.entries, None, kind="recovered",
+            recovered = self.recorder.record_drift(ws, state, pre.entries, None, kind="recovered",
                                            lists=([], overwritten, new_paths),
                                            reason="workspace before the import",
                                            later=later, unseen=pre.unseen)["id"]
         written = {item["path"] for item in desc["files"]} - left
-        self._keep_index(ws, self._index_after_writes(
+        self.recorder.keep_index(ws, index_after_writes(
             ws, rows, written, pre.stamp_ns, written.intersection(pre.entries)), whole=True)
         ws.records.write_state_with(state, lambda staged: payloads.flush_with(later + staged))
-        self._make_active(ws.store, ws.root, ws.task_id, ws.store.read_current().get(ws.root))
+        ws.store.make_active(ws.root, ws.task_id, ws.store.read_current().get(ws.root))
         return recovered
 
     def _import_files(self, ws, journal, package, desc, pre, fulls):
@@ -8200,7 +8213,7 @@ class Checkpoints:
             steps = [(desc["step"], current)]
         head = desc["step"]["index"] if desc.get("step") else 0
         for step, entries in steps:
-            number = self._record_manifest(ws, state, entries, later)
+            number = self.recorder.record_manifest(ws, state, entries, later)
             record = dict(step, manifest=number)
             write_record(ws.records.step_path(record["index"]), record, later)
             state["last_step"] = max(state["last_step"], record["index"])
@@ -8212,3 +8225,201 @@ class Checkpoints:
         state["last_step"] = max(state["last_step"], head, task.get("last_step") or 0)
         state["index_manifest"] = 0
         return state
+
+
+# ---------------------------------------------------------------------------
+# 16. Checkpoints: the facade
+# ---------------------------------------------------------------------------
+
+
+class Checkpoints:
+    """The facade: the ten operations, each a public method returning a
+    plain dict. Every one has the same shape: resolve the workspace (root,
+    task), take the store lock, run the operation, then note the workspace
+    for the watcher. The operations themselves are the classes above."""
+
+    def __init__(self, config=None, *, log=None):
+        self.config = config or Config.from_env()
+        self._log_sink = log
+        self._lock = threading.RLock()
+        self._watched = {}  # root -> the store directory its task is in
+        self.workspaces = Workspaces(self.config, self.log)
+        self.policies = PolicyCache()
+        self.recorder = Recorder(self.config, self.policies, self.log)
+        self.git = GitRefWriter(enabled=self.config.git, verify=self.config.git_verify,
+                                log=self.log)
+        self.setup = TaskSetup(self.workspaces, self.recorder)
+        self.saving = Saving(self.recorder, self.git, self.log)
+        self.reporting = Reporting(self.recorder)
+        self.restoring = Restoring(self.recorder, self.log)
+        self.compaction = Compaction()
+        self.exporting = Exporting(self.reporting)
+        self.importing = Importing(self.workspaces, self.recorder, self.log)
+        self.watcher = None
+
+    def log(self, message):
+        if self._log_sink:
+            try:
+                self._log_sink(message)
+            except Exception:
+                pass
+
+    # -- the ten tools ------------------------------------------------------
+
+    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
+        result, ws = self.setup.init(root, name, goal=goal, constraints=constraints,
+                                     store=store, exclude=exclude)
+        self._watch(ws.root, ws.store)
+        return result
+
+    def switch(self, root, task_id):
+        validate_task_id(task_id)
+        ws = self.workspaces.resolve(root, task_id)
+        with ws.store.lock:
+            result = self.setup.switch(ws)
+        self._watch(ws.root, ws.store)
+        return result
+
+    def save(self, root, title, *, task_id=None, description="", conclusion="", next="",
+             verified=(), open_questions=(), close=False, paths=()):
+        Saving.check_save(title, paths)
+        ws = self.workspaces.resolve(root, task_id)
+        with ws.store.lock:
+            result = self.saving.save(ws, title.strip(), description=description or "",
+                                      conclusion=conclusion or "", next_step=next or "",
+                                      verified=list(verified or ()),
+                                      open_questions=list(open_questions or ()),
+                                      close=bool(close))
+        self._recorded(ws)
+        return result
+
+    def capture(self, root, *, source="capture", partial=False):
+        ws = self.workspaces.resolve(root)
+        # A watcher capture comes after its own quiet period (or is partial by
+        # its own decision); a tool call captures what the watcher still waits on.
+        waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
+        with ws.store.lock:
+            result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting)
+        self._watch(ws.root, ws.store)
+        if source == "capture":
+            self._reset_watcher(ws)
+        return result
+
+    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
+        ws = self.workspaces.resolve(root, task_id)
+        with ws.store.lock:
+            result = self.reporting.show(ws, index=index, include_drift=include_drift,
+                                         limit=limit, cursor=cursor)
+        self._watch(ws.root, ws.store)
+        return result
+
+    def resume(self, root, *, task_id=None):
+        """Read-only: where the task stands, and what changed since it was recorded."""
+        ws = self.workspaces.resolve(root, task_id, lenient=True)
+        result = self.reporting.resume(ws)  # its scan runs outside the lock
+        self._watch(ws.root, ws.store)  # a new session starts here: record from now on
+        return result
+
+    def restore(self, root, *, index=None, drift_id=None, apply=False):
+        Restoring.check_target(index, drift_id)
+        ws = self.workspaces.resolve(root)
+        with ws.store.lock:
+            result = self.restoring.restore(ws, index=index, drift_id=drift_id,
+                                            apply=bool(apply))
+        if apply:
+            self._recorded(ws)
+        else:
+            self._watch(ws.root, ws.store)
+        return result
+
+    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50):
+        minimum = Compaction.check_limits(keep_seconds, minimum, maximum)
+        ws = self.workspaces.resolve(root)
+        with ws.store.lock:
+            return self.compaction.compress(ws, keep_seconds=keep_seconds, minimum=minimum,
+                                            maximum=maximum)
+
+    def export(self, root, to, *, history=False):
+        to = Exporting.check_destination(to)
+        ws = self.workspaces.resolve(root)
+        result = self.exporting.export(ws, to, history=history)  # it holds the lock itself
+        self._watch(ws.root, ws.store)
+        return result
+
+    def import_package(self, root, package):
+        result, ws = self.importing.import_package(root, package)
+        self._watch(ws.root, ws.store)
+        return result
+
+    # -- the watcher --------------------------------------------------------
+
+    def unrecorded_signature(self, root, walked=None):
+        """What the watcher compares between ticks (see Saving.unrecorded_signature)."""
+        with self._lock:
+            store_dir = self._watched.get(root)
+        ws = self.workspaces.resolve(root)
+        return self.saving.unrecorded_signature(ws, store_dir, walked)
+
+    def start_watcher(self):
+        """Start the watcher thread (unless TC_WATCH=off).
+
+        With TC_STORE set, the workspaces whose tasks are active in that store
+        are watched from the start, so a restarted server keeps recording
+        before its first tool call.
+        """
+        if self.config.watch and self.config.store and os.path.isdir(self.config.store):
+            store = self.workspaces.store(self.config.store)
+            try:
+                roots = store.read_current()
+            except (StoreCorrupt, OSError):
+                roots = {}
+            for root in roots:
+                if isinstance(root, str) and os.path.isdir(root):
+                    self._watch(root, store)
+        if self.config.watch:
+            self._watch_if_workspace()
+        if self.config.watch and self.watcher is None:
+            self.watcher = Watcher(
+                roots=self.watched_roots, signature=self.unrecorded_signature,
+                capture=lambda root, partial: self.capture(root, source="watch",
+                                                           partial=partial),
+                interval=self.config.watch_interval, max_wait=self.config.drift_max_wait,
+                log=self.log, events=self.config.watch_events)
+            self.watcher.start()
+        return self.watcher
+
+    def _watch_if_workspace(self):
+        """Watch the working folder from the start when it is a workspace
+        root with an active task in its store (clients start a server in the
+        project). Nothing here may stop a server from starting."""
+        try:
+            root = os.path.realpath(os.getcwd())  # (a deleted folder has none)
+            store_dir = self.workspaces.store_dir_for(root)
+            if os.path.isdir(store_dir):
+                store = self.workspaces.store(store_dir)
+                if store.read_current().get(root):
+                    self._watch(root, store)
+        except (CheckpointError, OSError):
+            pass
+
+    def stop_watcher(self):
+        if self.watcher:
+            self.watcher.stop()
+
+    def watched_roots(self):
+        with self._lock:
+            return list(self._watched)
+
+    def _watch(self, root, store):
+        with self._lock:
+            self._watched[root] = store.directory
+
+    def _reset_watcher(self, ws):
+        if self.watcher:
+            self.watcher.reset(ws.root)
+
+    def _recorded(self, ws):
+        """After a call that recorded the workspace: watched from now on, and
+        whatever change the watcher was waiting on is recorded already."""
+        self._watch(ws.root, ws.store)
+        self._reset_watcher(ws)

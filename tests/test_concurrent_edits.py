@@ -53,15 +53,15 @@ class EditsWhileWriting(WorkspaceTest):
     def fail_when_recording(self, first=None):
         """The restore's own record meets a full disk, once its files are
         written (and after first(), when given)."""
-        original = tc.Checkpoints._record_drift
+        original = tc.Recorder.record_drift
 
         def full_disk(cp, *args, **kwargs):
             if first is not None:
                 first()
             raise OSError(28, "No space left on device")
 
-        tc.Checkpoints._record_drift = full_disk
-        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+        tc.Recorder.record_drift = full_disk
+        self.addCleanup(setattr, tc.Recorder, "record_drift", original)
 
     def failed_restore(self, first=None):
         """The error of a restore to step 1 whose record meets a full disk
@@ -189,7 +189,7 @@ class EditsWhileWriting(WorkspaceTest):
             "    with open(os.path.join(%r, 'replaced.txt'), 'wb') as fh:\n"
             "        fh.write(b'written meanwhile\\n')\n"
             "tc.Journal.begin = edit\n"
-            "tc.Checkpoints._record_drift = lambda *args, **kwargs: os._exit(9)\n"
+            "tc.Recorder.record_drift = lambda *args, **kwargs: os._exit(9)\n"
             "tc.Checkpoints(tc.Config(watch=False, git=False)).restore(%r, index=1, apply=True)\n"
         ) % (support.SCRIPTS, self.root, self.root)
         died = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)

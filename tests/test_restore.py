@@ -1062,16 +1062,16 @@ class RolledBackFilesAreNotUnsavedWork(WorkspaceTest):
                           for rel, (data, _mode) in self.before.items()})
 
     def test_after_a_restore_that_failed_and_was_undone(self):
-        original = tc.Checkpoints._record_drift
+        original = tc.Recorder.record_drift
 
         def full_disk(cp, *args, **kwargs):
             raise OSError(28, "No space left on device")
 
-        tc.Checkpoints._record_drift = full_disk
-        self.addCleanup(setattr, tc.Checkpoints, "_record_drift", original)
+        tc.Recorder.record_drift = full_disk
+        self.addCleanup(setattr, tc.Recorder, "record_drift", original)
         with self.assertRaises(tc.CheckpointError):
             self.cp.restore(self.root, index=1, apply=True)
-        tc.Checkpoints._record_drift = original
+        tc.Recorder.record_drift = original
         self.assert_only_the_unsaved_file_is_listed()
 
     def test_after_a_restore_whose_process_died_midway(self):
@@ -1080,7 +1080,7 @@ class RolledBackFilesAreNotUnsavedWork(WorkspaceTest):
             "import os, sys\n"
             "sys.path.insert(0, %r)\n"
             "import tc\n"
-            "tc.Checkpoints._record_drift = lambda *args, **kwargs: os._exit(9)\n"
+            "tc.Recorder.record_drift = lambda *args, **kwargs: os._exit(9)\n"
             "tc.Checkpoints(tc.Config(watch=False, git=False)).restore(%r, index=1, apply=True)\n"
         ) % (SCRIPTS, self.root)
         died = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)

@@ -501,7 +501,7 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
             self.write(name, "unsaved work\n")
         # The restore dies after 10 files, its journal left for the next
         # server (what a kill leaves; here the rollback is kept from running).
-        real_write, real_undo = tc.PayloadStore.write_over, tc.Checkpoints._undo
+        real_write, real_undo = tc.PayloadStore.write_over, tc.undo_failed_operation
         calls = []
 
         def dying_write(*args, **kwargs):
@@ -513,12 +513,12 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         def no_rollback(cp_, journal, what, exc):
             raise exc
 
-        tc.PayloadStore.write_over, tc.Checkpoints._undo = dying_write, no_rollback
+        tc.PayloadStore.write_over, tc.undo_failed_operation = dying_write, no_rollback
         try:
             with self.assertRaises(OSError):
                 cp.restore(self.root, index=1, apply=True)
         finally:
-            tc.PayloadStore.write_over, tc.Checkpoints._undo = real_write, real_undo
+            tc.PayloadStore.write_over, tc.undo_failed_operation = real_write, real_undo
         moved = os.path.join(self.tmp, "elsewhere", "ws")
         os.makedirs(os.path.dirname(moved))
         os.rename(self.root, moved)

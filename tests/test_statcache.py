@@ -206,7 +206,7 @@ class StatCacheTest(WorkspaceTest):
                 "busy.txt": [3, scanned - 5, scanned + 5, 12, 1, 0o644, "f", sha],
                 "written.txt": [3, scanned + 7, scanned + 7, 13, 1, 0o644, "f", sha]}
         before = tc.time.time_ns()
-        index = tc.Checkpoints._index_after_writes(ws, rows, {"written.txt"}, scanned)
+        index = tc.index_after_writes(ws, rows, {"written.txt"}, scanned)
         self.assertGreaterEqual(index["stamp_ns"], before - tc.RACY_MARGIN_NS)
         self.assertEqual(index["files"]["old.txt"], rows["old.txt"])
         self.assertEqual(index["files"]["written.txt"], rows["written.txt"])
