@@ -2137,6 +2137,15 @@ def hash_file(path, *, within=None, seen=None, whole=False):
     return digest.hexdigest(), total
 
 
+def file_sha_within(full, guard):
+    """sha256 of the regular file full, read only inside the workspace
+    (guard); None when there is no such file or it cannot be read."""
+    try:
+        return hash_file(full, within=guard)[0]
+    except (OSError, UnsafePath):
+        return None
+
+
 # ---------------------------------------------------------------------------
 # 7. PayloadStore: the only code that knows payload/<sha[:2]>/<sha>
 # ---------------------------------------------------------------------------
@@ -3022,6 +3031,14 @@ def unseen_skips(record):
             for path in record.get("unseen") or ()]
 
 
+def rewritten_as_recorded(row, sha, st):
+    """Whether st is a file put back with the content sha that the index
+    row records, under another stat than row's (putting it back moved it)."""
+    if row is None or row[7] != sha or st is None or not stat_mod.S_ISREG(st.st_mode):
+        return False
+    return st.st_size == row[0] and [st.st_mtime_ns, st.st_ctime_ns, st.st_ino] != row[1:4]
+
+
 class TaskRecords:
     """Paths and plain reads/writes of one task's records."""
 
@@ -3258,6 +3275,22 @@ class TaskRecords:
             pass
         self._keep_index(index_doc, entries)
 
+    def settle_put_back(self, root, back):
+        """After a rollback put files back (back: {rel: the sha it put back}
+        under root): the index rows of those files get their new size, mtime
+        and inode, so tc_resume does not list them as unsaved work (they hold
+        what their rows say). Their ctime is one no file has, so the next
+        scan still reads them (see carry_unknown). Only a stat cache."""
+        doc = self.read_index()
+        files = dict(doc["files"])
+        for rel, sha in back.items():
+            row = files.get(rel)
+            st = lstat_or_none(os.path.join(root, *rel.split("/")))
+            if rewritten_as_recorded(row, sha, st):
+                files[rel] = [st.st_size, st.st_mtime_ns, -1, st.st_ino, st.st_dev] + row[5:]
+        if files != doc["files"]:
+            self.write_index({"stamp_ns": doc.get("stamp_ns", 0), "files": files}, whole=True)
+
     def _keep_index(self, index_doc, entries):
         # What was just written is what a read would parse: keep it.
         self._index_cache = (self._index_key(), index_doc)
@@ -3452,7 +3485,7 @@ class Journal:
         named among the paths not put back."""
         with self._left_lock:
             touched, done = set(self._touched), dict(self._done)
-        root = os.path.realpath(_workspace_now(self.store, self.data))
+        root = os.path.realpath(workspace_now(self.store.directory, self.data))
         rewritten = set()
         for rel, was in done.items():
             try:
@@ -3470,8 +3503,8 @@ class Journal:
         except OSError as exc:
             self.store.log("rollback of %s: its scope could not be noted (%s); a retry goes "
                            "through every file" % (self.op_id, describe_os_error(exc)))
-        return rollback_journal(self.store, self.directory, self.data, left=self.left,
-                                only=touched, rewritten=rewritten)
+        return Rollback(self.store, self.directory, self.data, left=self.left, only=touched,
+                        rewritten=rewritten).run()
 
 
 def _holds_already(full, sha, mode, guard):
@@ -3578,377 +3611,384 @@ def read_left_list(directory):
     return left
 
 
-def rollback_journal(store, directory, data=None, *, keep_edits=False, left=(), only=None,
-                     rewritten=()):
-    """Undo an operation described by a journal; safe to run more than once.
-    Returns the workspace paths that could not be put back (see
-    _rollback_workspace). keep_edits: the operation died (found at a later
-    lock), so files may have been edited since; see _keep_edits. The paths
-    the operation left as they were (left, and those its journal lists) are
-    not the rollback's to touch. For an operation that failed in this
-    process: only, the paths it began to change (the others are as they
-    were, or as another program left them); rewritten, those another
-    program wrote after it, which stay as they are."""
-    if data is None:
-        try:
-            data = read_json(os.path.join(directory, "plan.json"))
-        except (FileNotFoundError, StoreCorrupt):
-            remove_tree(directory)  # never started
-            return []
-    if only is None:
-        only, rewritten = read_rollback_scope(directory)
-    left = set(left) | read_left_list(directory)
-    if left:
-        data = dict(data, entries=[entry for entry in data["entries"] if entry[0] not in left])
-    stranded, not_back = set(), []
-    data = dict(data, root=_workspace_now(store, data))
-    there = _workspace_state(store, data)
-    if there == "away":
-        raise StoreUnwritable(
-            "the workspace %r of an interrupted %s is not there (its disk is not mounted?): "
-            "its rollback waits until it is back. To give up that rollback, and the unsaved "
-            "edits it would put back, delete %r" % (data["root"], data["op"], directory))
-    undo = data if only is None else dict(
-        data, entries=[entry for entry in data["entries"] if entry[0] in only])
-    if there == "here":
-        stranded, not_back = _rollback_workspace(store, undo, keep_edits, rewritten)
-    else:
-        stranded = _keep_undo_content(store, data)
-    _rollback_records(store, directory, data)
-    if there == "here":
-        _settle_put_back_rows(store, undo, not_back)
-    _end_rollback(store, directory, data, stranded)
-    return not_back
+JournalEntry = collections.namedtuple("JournalEntry", "rel before after planned")
+JournalEntry.__doc__ = """One path of a journal's plan: rel, the [sha, mode] it held before
+the operation (None: the operation made it), after, the sha the operation
+writes there (None: it deletes it), and planned, False for an entry of an
+older plan, which did not note after."""
 
 
-def _end_rollback(store, directory, data, stranded):
-    """The last steps of a rollback, once workspace and records are back:
-    the plan goes first, so a crash from here on leaves at most unreferenced
-    content, never a rollback that cannot finish; then the operation's new
-    content, but what the workspace's files need (stranded), and the journal."""
-    remove_file(os.path.join(directory, "plan.json"))
-    fsync_dir(directory)
-    for item in data["payloads_new"]:
-        if item in stranded:  # the only copy of a file that could not go back
-            continue
-        path = item if os.sep in item or "/" in item else store.payloads.path(item)
-        remove_file(path)
-        remove_empty_dir(os.path.dirname(path))
-    store.forget_caches()
-    remove_tree(directory)
-    remove_empty_dir(os.path.dirname(directory))
+def journal_entry(entry):
+    """The JournalEntry of a plan's [rel, before, after] list."""
+    return JournalEntry(entry[0], entry[1], entry[2] if len(entry) > 2 else None,
+                        len(entry) > 2)
 
 
-def _workspace_now(store, data):
+def workspace_now(store_dir, plan):
     """Where a journal's workspace is now: with the store inside it, the
     folder that holds the store (the workspace may have been renamed with
     it); otherwise the path it had."""
-    rel = data.get("store_rel")
+    rel = plan.get("store_rel")
     if not rel:
-        return data["root"]
-    up = store.directory
+        return plan["root"]
+    up = store_dir
     for _part in rel.split(os.sep):
         up = os.path.dirname(up)
     return up
 
 
-def _workspace_state(store, data):
-    """Where a journal's workspace is: "here" to roll back into; "gone" when
-    it was removed (the folder that held it is still the same folder), or
-    is missing with nothing to put back, so only the records are rolled
-    back; "away" when it may come back (a disk not mounted leaves nothing,
-    or an empty mount point, where the files to put back must not be
-    written), so the rollback waits."""
-    root = data["root"]
-    if _at_or_inside(store.directory, root):
-        return "here"  # its store is read from inside it
-    to_put_back = any(entry[1] is not None for entry in data["entries"])
-    try:
-        with os.scandir(root) as it:
-            empty = next(it, None) is None
-    except FileNotFoundError:
-        if not to_put_back:
-            return "gone"
+class KeptList:
+    """kept/<op_id>.json in the store: the content a rollback keeps because
+    it could not (or must not) put it back, which clean-ups count as a
+    record. "files": what files held before the operation; "edited": what
+    they held when the rollback found them changed since the operation
+    wrote them (edits made after a crash). Each {rel: [sha, mode]}."""
+
+    def __init__(self, store, op, op_id, root):
+        self.store, self.op, self.root = store, op, root
+        self.path = os.path.join(store.directory, KEPT_DIRNAME, op_id + ".json")
+
+    def read(self):
+        """(files, edited) an earlier run of this rollback listed; empty when
+        there is none (or it does not read)."""
         try:
-            parent = os.stat(os.path.dirname(root))
-        except OSError:
-            return "away"
-        same = [parent.st_dev, parent.st_ino] == data.get("parent_id")
-        return "gone" if same or "parent_id" not in data else "away"
-    except OSError:
-        return "here"  # let the rollback meet the error and report it
-    return "away" if empty and to_put_back else "here"
+            doc = read_json(self.path)
+        except (OSError, StoreCorrupt):
+            return {}, {}
+        parts = [doc.get(key) if isinstance(doc, dict) else None for key in ("files", "edited")]
+        return tuple(dict(part) if isinstance(part, dict) else {} for part in parts)
+
+    def write(self, files, edited=None):
+        """Add files and edited to what the list holds; its path."""
+        old_files, old_edited = self.read()
+        old_files.update(files)
+        old_edited.update(edited or {})
+        doc = {"op": self.op, "root": self.root, "files": old_files, "kept": now_iso()}
+        if old_edited:
+            doc["edited"] = old_edited
+        write_json(self.path, doc, strict=True)
+        return self.path
+
+    def shas(self):
+        """Every sha the list names."""
+        return {entry[0] for part in self.read() for entry in part.values()
+                if isinstance(entry, list) and entry}
 
 
-def _keep_undo_content(store, data):
-    """For a rollback whose workspace was removed: the content its files had
-    before the operation stays in the store, named in kept/<op_id>.json (so
-    no clean-up takes it), in case the workspace was only moved. The shas
-    kept."""
-    files = {entry[0]: entry[1] for entry in data["entries"] if entry[1] is not None}
-    if not files:
-        store.log("rollback of %s: the workspace %r was removed; its records are rolled back"
-                  % (data["op_id"], data["root"]))
-        return set()
-    path = _write_kept(store, data, files)
-    store.log("rollback of %s: the workspace %r was not found; its records are rolled back, "
-              "and the content its %d file(s) had before the %s stays in the store, listed "
-              "in %r (file -> payload/<sha[:2]>/<sha>)"
-              % (data["op_id"], data["root"], len(files), data["op"], path))
-    return {before[0] for before in files.values()}
+class Rollback:
+    """Undo one journaled operation; safe to run more than once, and again
+    after a crash part-way through it.
 
+    The passes, in order (run):
+    1. keep_edits, only for an operation that died (found at a later lock):
+       what each journaled file holds when it is neither its old content nor
+       what the operation wrote is stored and listed first (KeptList), so
+       edits made between the crash and the rollback are never lost;
+    2. remove_what_was_made: the operation's new files, staging files and
+       folders go, so none of them stands where a file goes back;
+    3. put_back_all: every file that existed before gets its content back;
+       one that cannot (its folder now leads outside the workspace,
+       something was made at its path since, its copy is damaged) is
+       logged and passed over, its content kept in the store;
+    4. roll_back_records: the store records the operation added go, the
+       ones it replaced come back;
+    5. settle_index_rows: the stat cache learns the new stat of the files
+       put back, so tc_resume does not list them as unsaved work;
+    6. finish: the plan goes first, then the operation's new content (but
+       what a file not put back still needs), then the journal.
+    When the workspace is gone, only the records are rolled back and the
+    content its files had is kept; when it may come back (an unmounted
+    disk), the rollback waits.
 
-def _kept_path(store, data):
-    return os.path.join(store.directory, KEPT_DIRNAME, data["op_id"] + ".json")
+    Paths the operation left as they were (left, and those its journal
+    lists) are not the rollback's to touch. For an operation that failed
+    in this process: only, the paths it began to change; rewritten, those
+    another program wrote after the operation was through with them,
+    which stay as they are. A rollback retried at a later lock reads the
+    same scope from the journal (Journal.rollback notes it)."""
 
+    def __init__(self, store, directory, plan, *, keep_edits=False, left=(), only=None,
+                 rewritten=()):
+        if only is None:
+            only, rewritten = read_rollback_scope(directory)
+        left = set(left) | read_left_list(directory)
+        self.store, self.payloads, self.log = store, store.payloads, store.log
+        self.directory = directory
+        self.op, self.op_id = plan["op"], plan.get("op_id")
+        self.root = workspace_now(store.directory, plan)
+        self.parent_id = plan.get("parent_id")  # the folder that held the workspace
+        self.task_id = plan.get("task_id")  # whose index the files belong to (restores)
+        self.entries = [journal_entry(e) for e in plan["entries"] if e[0] not in left]
+        self.undo = (self.entries if only is None
+                     else [entry for entry in self.entries if entry.rel in only])
+        self.rewritten = set(rewritten)
+        self.after_crash = keep_edits
+        self.created_dirs = plan["created_dirs"]
+        self.temp_files = plan.get("temp_files", ())  # plans that listed their staging names
+        self.store_new, self.store_new_dirs = plan["store_new"], plan.get("store_new_dirs", [])
+        self.store_backup, self.payloads_new = plan["store_backup"], plan["payloads_new"]
+        self.kept = KeptList(store, self.op, self.op_id, self.root)
 
-def _read_kept(store, data):
-    """(files, edited) an earlier run of this rollback listed in its kept
-    file; empty when there is none (or it does not read)."""
-    try:
-        doc = read_json(_kept_path(store, data))
-    except (OSError, StoreCorrupt):
-        return {}, {}
-    parts = [doc.get(key) if isinstance(doc, dict) else None for key in ("files", "edited")]
-    return tuple(dict(part) if isinstance(part, dict) else {} for part in parts)
-
-
-def _write_kept(store, data, files, edited=None):
-    """List files ({rel: (sha, mode)}) whose content a rollback keeps in the
-    store in kept/<op_id>.json, which clean-ups count as a record, together
-    with what an earlier run of the same rollback listed there; its path.
-    edited: the same for what files held when the rollback found them
-    changed since the operation wrote them (edits made after a crash)."""
-    path = _kept_path(store, data)
-    old_files, old_edited = _read_kept(store, data)
-    old_files.update(files)
-    old_edited.update(edited or {})
-    doc = {"op": data["op"], "root": data["root"], "files": old_files, "kept": now_iso()}
-    if old_edited:
-        doc["edited"] = old_edited
-    write_json(path, doc, strict=True)
-    return path
-
-
-def _file_sha(full, guard):
-    """sha256 of the regular file full, read only inside the workspace
-    (guard); None when there is no such file or it cannot be read."""
-    try:
-        return hash_file(full, within=guard)[0]
-    except (OSError, UnsafePath):
-        return None
-
-
-def _keep_edited(store, data, full, rel, guard, edited):
-    """Store what full holds now and note it in edited ({rel: [sha, mode]}),
-    before the rollback removes or rewrites it: it changed after the
-    operation wrote it (edits made between a crash and the rollback)."""
-    try:
-        sha, _size, mode, _written = store.payloads.put_file(full, within=guard)
-    except FileNotFoundError:
-        return
-    edited[rel] = [sha, mode]
-    store.log("rollback: %r holds neither what it held before the interrupted %s nor what "
-              "the %s wrote (edited since, or a write the crash cut off); what it holds stays "
-              "in the store as %s" % (rel, data["op"], data["op"], store.payloads.path(sha)))
-
-
-def _rollback_workspace(store, data, keep_edits=False, rewritten=()):
-    """Every journaled path back to its recorded content (or absence).
-
-    A file that cannot go back is logged and passed over, so that one file
-    never keeps the store's rollback from finishing: its folder now leads
-    outside the workspace, or something was made at its path since that
-    putting it back would remove (its content stays in the store, listed in
-    kept/<op_id>.json), or its stored copy is damaged. With keep_edits (the
-    operation died), a file that holds neither its old content nor what the
-    operation wrote (edited between the crash and the rollback, or a write
-    the crash cut off) is rolled back too, but what it held is stored and
-    listed there first. rewritten: paths left as they are (see
-    rollback_journal). Returns (the content kept, the paths not put back)."""
-    # The folder may have moved since, with a link left at its old name.
-    root = os.path.realpath(data["root"])
-    guard = kernel_path(root)
-    edited, leave = _keep_edits(store, data, root, guard) if keep_edits else ({}, set())
-    _remove_what_was_made(data, root, guard, leave | set(rewritten))
-    kept, not_back = _put_back_all(store, data, root, guard, leave, rewritten)
-    if kept:
-        store.log("rollback of %s: the content of the %d file(s) not put back is listed in %r "
-                  "(file -> payload/<sha[:2]>/<sha>)"
-                  % (data["op_id"], len(kept), _write_kept(store, data, kept, edited)))
-    # What this run or an earlier one cut short listed stays: none of it is
-    # removed with the operation's new content.
-    listed = [part.values() for part in _read_kept(store, data)]
-    return ({entry[0] for values in listed + [kept.values(), edited.values()]
-             for entry in values if isinstance(entry, list) and entry}, not_back)
-
-
-def _remove_what_was_made(data, root, guard, leave):
-    """The first pass of a rollback: what the operation made goes (its
-    files, its staging files, then its folders, deepest first; a folder
-    that now holds anything stays), so that none of it stands where a file
-    is to be put back. leave: paths to leave as they are."""
-    temps = list(data.get("temp_files", ()))  # plans that listed their staging names
-    for entry in data["entries"]:
-        rel, before = entry[0], entry[1]
+    @classmethod
+    def of_journal(cls, store, directory, **kwargs):
+        """The rollback of the journal in directory, or None for a journal
+        that never started (its folder is removed)."""
         try:
-            full = safe_workspace_path(root, rel)
-        except UnsafePath:
-            continue
-        if data.get("op_id"):
-            temps.append(sibling_temp(full, data["op_id"]))
-        if before is None and rel not in leave and os.path.isfile(full):
+            plan = read_json(os.path.join(directory, "plan.json"))
+        except (FileNotFoundError, StoreCorrupt):
+            remove_tree(directory)
+            return None
+        return cls(store, directory, plan, **kwargs)
+
+    def run(self):
+        """Roll back; the workspace paths that could not be put back."""
+        there = self.workspace_state()
+        if there == "away":
+            raise StoreUnwritable(
+                "the workspace %r of an interrupted %s is not there (its disk is not "
+                "mounted?): its rollback waits until it is back. To give up that rollback, "
+                "and the unsaved edits it would put back, delete %r"
+                % (self.root, self.op, self.directory))
+        stranded, not_back = set(), []
+        if there == "here":
+            stranded, not_back = self.roll_back_workspace()
+        else:
+            stranded = self.keep_undo_content()
+        self.roll_back_records()
+        if there == "here":
+            self.settle_index_rows(not_back)
+        self.finish(stranded)
+        return not_back
+
+    def workspace_state(self):
+        """Where the workspace is: "here" to roll back into; "gone" when it
+        was removed (the folder that held it is still the same folder), or
+        is missing with nothing to put back, so only the records are rolled
+        back; "away" when it may come back (a disk not mounted leaves
+        nothing, or an empty mount point, where the files to put back must
+        not be written), so the rollback waits."""
+        root = self.root
+        if _at_or_inside(self.store.directory, root):
+            return "here"  # its store is read from inside it
+        to_put_back = any(entry.before is not None for entry in self.entries)
+        try:
+            with os.scandir(root) as it:
+                empty = next(it, None) is None
+        except FileNotFoundError:
+            if not to_put_back:
+                return "gone"
             try:
-                remove_within(full, guard)
-            except UnsafePath:  # now outside: not the rollback's to remove
-                pass
-    for tmp in temps:
-        if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
-            remove_file(tmp)
-    for rel in reversed(data["created_dirs"]):
-        try:
-            rmdir_within(os.path.join(root, rel), guard)
-        except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
-            pass
+                parent = os.stat(os.path.dirname(root))
+            except OSError:
+                return "away"
+            same = [parent.st_dev, parent.st_ino] == self.parent_id
+            return "gone" if same or self.parent_id is None else "away"
+        except OSError:
+            return "here"  # let the rollback meet the error and report it
+        return "away" if empty and to_put_back else "here"
 
+    def keep_undo_content(self):
+        """For a workspace that was removed: the content its files had before
+        the operation stays in the store, listed in the KeptList (so no
+        clean-up takes it), in case the workspace was only moved. The shas
+        kept."""
+        files = {entry.rel: entry.before for entry in self.entries if entry.before is not None}
+        if not files:
+            self.log("rollback of %s: the workspace %r was removed; its records are rolled "
+                     "back" % (self.op_id, self.root))
+            return set()
+        path = self.kept.write(files)
+        self.log("rollback of %s: the workspace %r was not found; its records are rolled "
+                 "back, and the content its %d file(s) had before the %s stays in the store, "
+                 "listed in %r (file -> payload/<sha[:2]>/<sha>)"
+                 % (self.op_id, self.root, len(files), self.op, path))
+        return {before[0] for before in files.values()}
 
-def _put_back_all(store, data, root, guard, leave, rewritten=()):
-    """The second pass of a rollback: every journaled file that existed
-    before goes back to that content, last written first, but those in
-    leave (edited past 100 MB) and rewritten (see rollback_journal).
-    Returns (kept: rel -> its old [sha, mode] for each file not put back
-    whose content stays in the store, every path not put back)."""
-    kept, not_back = {}, []
-    for entry in reversed(data["entries"]):
-        rel, before = entry[0], entry[1]
-        if before is None:
-            if rel in rewritten:  # made by the operation, then written by another program
-                not_back.append(rel)
-                store.log("rollback: %r, which the %s made, was not removed: another program "
-                          "wrote it since, so it stays as it is" % (rel, data["op"]))
-            continue
-        if rel in rewritten:
-            kept[rel] = before
-            not_back.append(rel)
-            store.log("rollback: %r was not put back: another program wrote it after the %s "
-                      "did, so it stays as it is; what it held before stays in the store as %s"
-                      % (rel, data["op"], store.payloads.path(before[0])))
-            continue
-        if rel in leave:  # edited past what is ever stored: it stays as it is
-            kept[rel] = before
-            not_back.append(rel)
-            store.log("rollback: %r was not put back: it was edited since the interrupted %s "
-                      "and is now over %d MB, so it stays as it is; what it held before "
-                      "stays in the store as %s" % (rel, data["op"], MAX_CONTENT_BYTES >> 20,
-                                                    store.payloads.path(before[0])))
-            continue
-        try:
-            _put_back(store.payloads, safe_workspace_path(root, rel), before, guard)
-        except (UnsafePath, PathTaken) as exc:  # nothing there is the rollback's to undo
-            kept[rel] = before
-            not_back.append(rel)
-            why = ("its folder now leads outside the workspace"
-                   if isinstance(exc, UnsafePath) else str(exc))
-            store.log("rollback: %r was not put back, %s; its content stays in the store "
-                      "as %s" % (rel, why, store.payloads.path(before[0])))
-        except StoreCorrupt as exc:
-            not_back.append(rel)
-            store.log("rollback: %r was not put back: %s" % (rel, exc))
-    return kept, not_back
+    def roll_back_workspace(self):
+        """Passes 1 to 3; (the content that stays in the store, the paths not
+        put back)."""
+        # The folder may have moved since, with a link left at its old name.
+        root = os.path.realpath(self.root)
+        guard = kernel_path(root)
+        edited, leave = self.keep_edits(root, guard) if self.after_crash else ({}, set())
+        self.remove_what_was_made(root, guard, leave | self.rewritten)
+        kept, not_back = self.put_back_all(root, guard, leave)
+        if kept:
+            self.log("rollback of %s: the content of the %d file(s) not put back is listed in "
+                     "%r (file -> payload/<sha[:2]>/<sha>)"
+                     % (self.op_id, len(kept), self.kept.write(kept, edited)))
+        # What this run or an earlier one cut short listed stays: none of it is
+        # removed with the operation's new content.
+        stays = {entry[0] for values in (kept.values(), edited.values()) for entry in values}
+        return stays | self.kept.shas(), not_back
 
-
-def _keep_edits(store, data, root, guard):
-    """Before a rollback changes anything: store what each journaled file
-    holds when it is neither what it held before the operation nor what the
-    operation wrote there, and list it in kept/<op_id>.json (flushed first),
-    so that edits made between a crash and the rollback are never lost, even
-    if the rollback itself is cut short (a write the crash cut off looks the
-    same, and is kept too). An entry is [rel, before, after],
-    after the sha the operation wrote (None where it deleted the file); a
-    plan of an older version has no after, and nothing is kept for it.
-    A file now over MAX_CONTENT_BYTES (whose content is never stored) is
-    not kept: the rollback leaves it where it is. Returns ({rel: [sha,
-    mode]} of what was kept, {rel} of the files to leave)."""
-    edited, leave = {}, set()
-    for entry in data["entries"]:
-        if len(entry) < 3:
-            continue
-        rel, before, after = entry
-        try:
-            full = safe_workspace_path(root, rel)
-            if os.lstat(full).st_size > MAX_CONTENT_BYTES:
-                leave.add(rel)
+    def keep_edits(self, root, guard):
+        """Pass 1: store what each journaled file holds when it is neither
+        what it held before the operation nor what the operation wrote there,
+        and list it (flushed first), even if the rollback itself is cut short
+        (a write the crash cut off looks the same, and is kept too). An
+        entry of an older plan has no after, and nothing is kept for it. A
+        file now over MAX_CONTENT_BYTES (whose content is never stored) is
+        not kept: the rollback leaves it where it is. ({rel: [sha, mode]}
+        of what was kept, {rel} of the files to leave)."""
+        edited, leave = {}, set()
+        for entry in self.undo:
+            if not entry.planned:
                 continue
-        except (OSError, UnsafePath):
-            continue
-        now = _file_sha(full, guard)
-        if now is not None and now != after and (before is None or now != before[0]):
-            _keep_edited(store, data, full, rel, guard, edited)
-    if edited:
-        store.payloads.flush()
-        path = _write_kept(store, data, {}, edited)
-        store.log("rollback of %s: what %d file(s) held is kept, listed in %r"
-                  % (data["op_id"], len(edited), path))
-    return edited, leave
+            try:
+                full = safe_workspace_path(root, entry.rel)
+                if os.lstat(full).st_size > MAX_CONTENT_BYTES:
+                    leave.add(entry.rel)
+                    continue
+            except (OSError, UnsafePath):
+                continue
+            now = file_sha_within(full, guard)
+            if now is not None and now != entry.after and (
+                    entry.before is None or now != entry.before[0]):
+                self.keep_edited(full, entry.rel, guard, edited)
+        if edited:
+            self.payloads.flush()
+            path = self.kept.write({}, edited)
+            self.log("rollback of %s: what %d file(s) held is kept, listed in %r"
+                     % (self.op_id, len(edited), path))
+        return edited, leave
 
-
-def _settle_put_back_rows(store, data, not_back):
-    """After a restore's rollback: the index rows of the files it put back
-    get their new size, mtime and inode, so tc_resume does not list them as
-    unsaved work (they hold what their rows say). Their ctime is one no file
-    has, so the next scan still reads them (see carry_unknown). Only a stat
-    cache: a failure here is logged and changes nothing else."""
-    task_id = data.get("task_id")
-    back = {entry[0]: entry[1][0] for entry in data["entries"]
-            if entry[1] is not None and entry[0] not in not_back}
-    if not task_id or not back:
-        return
-    try:
-        records = store.task(task_id)
-        doc = records.read_index()
-        files = dict(doc["files"])
-        for rel, sha in back.items():
-            row = files.get(rel)
-            st = lstat_or_none(os.path.join(data["root"], *rel.split("/")))
-            if _rewritten_as_recorded(row, sha, st):
-                files[rel] = [st.st_size, st.st_mtime_ns, -1, st.st_ino, st.st_dev] + row[5:]
-        if files != doc["files"]:
-            records.write_index({"stamp_ns": doc.get("stamp_ns", 0), "files": files},
-                                whole=True)
-    except (OSError, CheckpointError, ValueError, TypeError, KeyError) as exc:
-        store.log("rollback of %s: the index rows of the files put back were left as they "
-                  "were: %s" % (data.get("op_id"), exc))
-
-
-def _rewritten_as_recorded(row, sha, st):
-    """Whether st is a file the rollback put back with the content sha that
-    row records, under another stat than row's (the put-back moved it)."""
-    if row is None or row[7] != sha or st is None or not stat_mod.S_ISREG(st.st_mode):
-        return False
-    return st.st_size == row[0] and [st.st_mtime_ns, st.st_ctime_ns, st.st_ino] != row[1:4]
-
-
-def _rollback_records(store, directory, data):
-    """Remove the records the operation added; put back the ones it replaced."""
-    for rel in data["store_new"]:
-        remove_file(os.path.join(store.directory, rel))
-    for rel in data.get("store_new_dirs", []):
-        remove_tree(os.path.join(store.directory, rel))
-    for rel, backup in data["store_backup"].items():
-        target = os.path.join(store.directory, rel)
-        if backup is None:
-            remove_file(target)
-            continue
+    def keep_edited(self, full, rel, guard, edited):
+        """Store what full holds now and note it in edited, before the
+        rollback removes or rewrites it."""
         try:
-            with open(os.path.join(directory, backup), "rb") as fh:
-                before = fh.read()
-        except FileNotFoundError:  # damaged journal: keep the current file
-            store.log("journal %s lacks its backup of %s" % (directory, rel))
-            continue
-        # A record the operation never got to change is left alone: on a
-        # read-only or immutable file, writing it back would fail for nothing.
-        if read_file_or_none(target) != before:
-            atomic_write(target, before, strict=True)
+            sha, _size, mode, _written = self.payloads.put_file(full, within=guard)
+        except FileNotFoundError:
+            return
+        edited[rel] = [sha, mode]
+        self.log("rollback: %r holds neither what it held before the interrupted %s nor what "
+                 "the %s wrote (edited since, or a write the crash cut off); what it holds "
+                 "stays in the store as %s" % (rel, self.op, self.op, self.payloads.path(sha)))
+
+    def remove_what_was_made(self, root, guard, leave):
+        """Pass 2: what the operation made goes (its files, its staging files,
+        then its folders, deepest first; a folder that now holds anything
+        stays). leave: paths to leave as they are."""
+        temps = list(self.temp_files)
+        for entry in self.undo:
+            try:
+                full = safe_workspace_path(root, entry.rel)
+            except UnsafePath:
+                continue
+            if self.op_id:
+                temps.append(sibling_temp(full, self.op_id))
+            if entry.before is None and entry.rel not in leave and os.path.isfile(full):
+                try:
+                    remove_within(full, guard)
+                except UnsafePath:  # now outside: not the rollback's to remove
+                    pass
+        for tmp in temps:
+            if os.path.lexists(tmp):  # (an unlink on a read-only disk fails even then)
+                remove_file(tmp)
+        for rel in reversed(self.created_dirs):
+            try:
+                rmdir_within(os.path.join(root, rel), guard)
+            except (OSError, UnsafePath):  # not empty, gone, or now outside: left alone
+                pass
+
+    def put_back_all(self, root, guard, leave):
+        """Pass 3: every journaled file that existed before goes back to that
+        content, last written first, but those in leave (edited past 100 MB)
+        and the rewritten ones. (kept: rel -> its old [sha, mode] for each
+        file not put back whose content stays in the store, every path not
+        put back)."""
+        kept, not_back = {}, []
+        for entry in reversed(self.undo):
+            rel, before = entry.rel, entry.before
+            if before is None:
+                if rel in self.rewritten:  # made by the operation, then written by another
+                    not_back.append(rel)
+                    self.log("rollback: %r, which the %s made, was not removed: another "
+                             "program wrote it since, so it stays as it is" % (rel, self.op))
+                continue
+            if rel in self.rewritten:
+                kept[rel] = before
+                not_back.append(rel)
+                self.log("rollback: %r was not put back: another program wrote it after the %s "
+                         "did, so it stays as it is; what it held before stays in the store "
+                         "as %s" % (rel, self.op, self.payloads.path(before[0])))
+                continue
+            if rel in leave:  # edited past what is ever stored: it stays as it is
+                kept[rel] = before
+                not_back.append(rel)
+                self.log("rollback: %r was not put back: it was edited since the interrupted "
+                         "%s and is now over %d MB, so it stays as it is; what it held before "
+                         "stays in the store as %s" % (rel, self.op, MAX_CONTENT_BYTES >> 20,
+                                                       self.payloads.path(before[0])))
+                continue
+            try:
+                _put_back(self.payloads, safe_workspace_path(root, rel), before, guard)
+            except (UnsafePath, PathTaken) as exc:  # nothing there is the rollback's to undo
+                kept[rel] = before
+                not_back.append(rel)
+                why = ("its folder now leads outside the workspace"
+                       if isinstance(exc, UnsafePath) else str(exc))
+                self.log("rollback: %r was not put back, %s; its content stays in the store "
+                         "as %s" % (rel, why, self.payloads.path(before[0])))
+            except StoreCorrupt as exc:
+                not_back.append(rel)
+                self.log("rollback: %r was not put back: %s" % (rel, exc))
+        return kept, not_back
+
+    def roll_back_records(self):
+        """Pass 4: remove the records the operation added; put back the ones
+        it replaced."""
+        store_dir = self.store.directory
+        for rel in self.store_new:
+            remove_file(os.path.join(store_dir, rel))
+        for rel in self.store_new_dirs:
+            remove_tree(os.path.join(store_dir, rel))
+        for rel, backup in self.store_backup.items():
+            target = os.path.join(store_dir, rel)
+            if backup is None:
+                remove_file(target)
+                continue
+            try:
+                with open(os.path.join(self.directory, backup), "rb") as fh:
+                    before = fh.read()
+            except FileNotFoundError:  # damaged journal: keep the current file
+                self.log("journal %s lacks its backup of %s" % (self.directory, rel))
+                continue
+            # A record the operation never got to change is left alone: on a
+            # read-only or immutable file, writing it back would fail for nothing.
+            if read_file_or_none(target) != before:
+                atomic_write(target, before, strict=True)
+
+    def settle_index_rows(self, not_back):
+        """Pass 5: the files put back belong to a task's index (a restore's
+        journal names the task): their rows learn their new stat (see
+        TaskRecords.settle_put_back)."""
+        back = {entry.rel: entry.before[0] for entry in self.undo
+                if entry.before is not None and entry.rel not in not_back}
+        if not self.task_id or not back:
+            return
+        try:
+            self.store.task(self.task_id).settle_put_back(self.root, back)
+        except (OSError, CheckpointError, ValueError, TypeError, KeyError) as exc:
+            self.log("rollback of %s: the index rows of the files put back were left as they "
+                     "were: %s" % (self.op_id, exc))
+
+    def finish(self, stranded):
+        """Pass 6, once workspace and records are back: the plan goes first,
+        so a crash from here on leaves at most unreferenced content, never a
+        rollback that cannot finish; then the operation's new content, but
+        what the workspace's files need (stranded), and the journal."""
+        remove_file(os.path.join(self.directory, "plan.json"))
+        fsync_dir(self.directory)
+        for item in self.payloads_new:
+            if item in stranded:  # the only copy of a file that could not go back
+                continue
+            path = item if os.sep in item or "/" in item else self.payloads.path(item)
+            remove_file(path)
+            remove_empty_dir(os.path.dirname(path))
+        self.store.forget_caches()
+        remove_tree(self.directory)
+        remove_empty_dir(os.path.dirname(self.directory))
 
 
 def undo_failed_operation(log, journal, what, exc):
@@ -4310,7 +4350,9 @@ class Store:
                 self.log("rolling back the interrupted operation %s"
                          % os.path.basename(directory))
             try:
-                rollback_journal(self, directory, keep_edits=True)
+                rollback = Rollback.of_journal(self, directory, keep_edits=True)
+                if rollback is not None:
+                    rollback.run()
             except Exception as exc:  # kept for the next try; writes refuse meanwhile
                 if str(exc) != failed_before:
                     self.log("rollback of %s failed: %s" % (directory, exc))

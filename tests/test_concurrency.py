@@ -183,7 +183,7 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
     def before_the_lock(self, action):
         """The second server runs action right after the first one resolved
         the workspace (read the active task and its state) for its next call."""
-        real = self.first._workspace
+        real = self.first.workspaces.resolve
         done = []
 
         def resolved_then_acted(*args, **kwargs):
@@ -193,7 +193,7 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
                 action()
             return ws
 
-        self.first._workspace = resolved_then_acted
+        self.first.workspaces.resolve = resolved_then_acted
 
     def switch_before_the_lock(self):
         self.before_the_lock(lambda: self.second.switch(self.root, self.two))
@@ -263,7 +263,7 @@ class InitsChoosingStoresTests(WorkspaceTest):
         self.write("a.txt", "a\n")
         ext = os.path.join(self.tmp, "ext-store")
         made, problems = [], []
-        real = first._init_store_dir
+        real = first.setup._init_store_dir
 
         def second_init():
             try:
@@ -280,7 +280,7 @@ class InitsChoosingStoresTests(WorkspaceTest):
             return chosen
 
         threads = []
-        first._init_store_dir = chose_then_raced
+        first.setup._init_store_dir = chose_then_raced
         made.append(first.init(self.root, "alpha", store=ext)["task_id"])
         for racer in threads:
             racer.join(timeout=60)

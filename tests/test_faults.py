@@ -761,8 +761,9 @@ class KeptListTest(unittest.TestCase):
         store = tc.Store(store_dir, lambda line: None)
         data = {"op": "restore", "op_id": "restore-1-abcd", "root": "/nowhere"}
         one, two, three = ("%064x" % n for n in (1, 2, 3))
-        tc._write_kept(store, data, {}, {"a.txt": [one, 0o644]})  # a first run, cut short
-        tc._write_kept(store, data, {"b.txt": [two, 0o644]}, {"c.txt": [three, 0o600]})
+        kept = tc.KeptList(store, data["op"], data["op_id"], data["root"])
+        kept.write({}, {"a.txt": [one, 0o644]})  # a first run, cut short
+        kept.write({"b.txt": [two, 0o644]}, {"c.txt": [three, 0o600]})
         with open(os.path.join(store_dir, "kept", "restore-1-abcd.json"), encoding="utf-8") as fh:
             doc = json.load(fh)
         self.assertEqual(doc["files"], {"b.txt": [two, 0o644]})

@@ -212,7 +212,7 @@ class StatCacheTest(WorkspaceTest):
         self.assertEqual(index["files"]["written.txt"], rows["written.txt"])
         busy = index["files"]["busy.txt"]
         self.assertEqual(busy[:2] + busy[3:], rows["busy.txt"][:2] + rows["busy.txt"][3:])
-        trusted = tc.Checkpoints(tc.Config(watch=False))._trust_test(index["stamp_ns"], True)
+        trusted = tc.Checkpoints(tc.Config(watch=False)).recorder.trust_test(index["stamp_ns"], True)
         info = tc.StatInfo(3, scanned - 5, scanned + 5, 12, 1, 0o644, False)
         self.assertFalse(trusted(busy, info), "a row changed during the scan became trusted")
 
