@@ -2765,20 +2765,55 @@ class PayloadStore:
 # 8. Records: one named shape per record, and the files that hold them
 # ---------------------------------------------------------------------------
 
-# A manifest entry is a tuple (kind, sha, size, mode, mtime_ns): mtime_ns is
-# kept only for sensitive files (the one thing that tells they changed) and
-# is 0 otherwise, so touching a file does not make a new manifest.
+class ManifestEntry(collections.namedtuple("ManifestEntry", "kind sha size mode mtime_ns")):
+    """What a record keeps of one file: its kind (KIND_FILE, KIND_SENSITIVE,
+    KIND_BIG), the sha256 of its content (None for a sensitive file), its
+    size and permission bits, and mtime_ns, kept only for sensitive files
+    (the one thing that tells they changed) and 0 otherwise, so touching a
+    file does not make a new manifest. Stored as a JSON array in this order;
+    entries compare as tuples."""
+
+    __slots__ = ()
+
+
 def manifest_entry(kind, sha, size, mode, mtime_ns=0):
-    return (kind, sha, size, mode, mtime_ns if kind == KIND_SENSITIVE else 0)
+    return tuple.__new__(ManifestEntry, (kind, sha, size, mode,
+                                         mtime_ns if kind == KIND_SENSITIVE else 0))
+
+
+def as_entry(values):
+    """A ManifestEntry of a stored [kind, sha, size, mode, mtime_ns] (checked
+    by entries_ok before)."""
+    return tuple.__new__(ManifestEntry, values)
+
+
+class IndexRow(collections.namedtuple("IndexRow", "size mtime_ns ctime_ns ino dev mode kind "
+                                                  "sha")):
+    """One file of a task's index, the stat cache: the stat the file had
+    when its content was last known (size to dev are a StatInfo's first
+    five fields), its permission bits, and that content's kind and sha.
+    Stored as a JSON array in this order. A ctime_ns of -1 is one no file
+    has: the stat cache then never vouches for the row (see unvouched)."""
+
+    __slots__ = ()
+
+    def unvouched(self):
+        """This row with a ctime no file has: the next scan reads the file."""
+        return self._replace(ctime_ns=-1)
+
+    def entry(self):
+        """The manifest entry this row records."""
+        return manifest_entry(self.kind, self.sha, self.size, self.mode, self.mtime_ns)
 
 
 def index_row(info, kind, sha):
-    return [info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev, info.mode, kind, sha]
+    return tuple.__new__(IndexRow, (info.size, info.mtime_ns, info.ctime_ns, info.ino, info.dev,
+                                    info.mode, kind, sha))
 
 
-def row_to_entry(row):
-    """Manifest entry for an index row."""
-    return manifest_entry(row[6], row[7], row[0], row[5], row[1])
+def as_row(values):
+    """An IndexRow of a stored row (checked by entries_ok before)."""
+    return tuple.__new__(IndexRow, values)
 
 
 # The state's counters of numbered records (steps, drifts, manifests).
@@ -2939,14 +2974,14 @@ class ManifestLog:
                                "or remove the task" % (path, "files" if doc["full"] else
                                                        "base before it"))
         if doc["full"]:
-            result = {p: tuple(e) for p, e in doc["files"].items()}
+            result = {p: as_entry(e) for p, e in doc["files"].items()}
         else:
             result = dict(self.load(doc["base"]))
             for path, entry in doc["changes"].items():
                 if entry is None:
                     result.pop(path, None)
                 else:
-                    result[path] = tuple(entry)
+                    result[path] = as_entry(entry)
         self._remember(number, result)
         return result
 
@@ -3034,9 +3069,10 @@ def unseen_skips(record):
 def rewritten_as_recorded(row, sha, st):
     """Whether st is a file put back with the content sha that the index
     row records, under another stat than row's (putting it back moved it)."""
-    if row is None or row[7] != sha or st is None or not stat_mod.S_ISREG(st.st_mode):
+    if row is None or row.sha != sha or st is None or not stat_mod.S_ISREG(st.st_mode):
         return False
-    return st.st_size == row[0] and [st.st_mtime_ns, st.st_ctime_ns, st.st_ino] != row[1:4]
+    return st.st_size == row.size and (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != (
+        row.mtime_ns, row.ctime_ns, row.ino)
 
 
 class TaskRecords:
@@ -3152,7 +3188,7 @@ class TaskRecords:
 
     @gc_paused
     def read_index(self):
-        """{"stamp_ns", "files": {rel: row}}; row = [size, mtime, ctime, ino, dev, mode, kind, sha].
+        """{"stamp_ns", "files": {rel: IndexRow}}.
 
         index.json holds the table as of its last full write; index.log
         holds the changes since, one JSON line per write (see write_index).
@@ -3184,6 +3220,7 @@ class TaskRecords:
             # Only a stat cache: without it every file is read again.
             self.index_error = "index %r is damaged" % self.index_path
             return {"stamp_ns": 0, "files": {}}
+        doc["files"] = {rel: as_row(row) for rel, row in doc["files"].items()}
         self.index_error = None
         self._index_cache = (key, doc)
         return doc
@@ -3287,7 +3324,8 @@ class TaskRecords:
             row = files.get(rel)
             st = lstat_or_none(os.path.join(root, *rel.split("/")))
             if rewritten_as_recorded(row, sha, st):
-                files[rel] = [st.st_size, st.st_mtime_ns, -1, st.st_ino, st.st_dev] + row[5:]
+                files[rel] = row._replace(size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=-1,
+                                          ino=st.st_ino, dev=st.st_dev)
         if files != doc["files"]:
             self.write_index({"stamp_ns": doc.get("stamp_ns", 0), "files": files}, whole=True)
 
@@ -3310,7 +3348,7 @@ class TaskRecords:
     def index_entries(self, doc):
         """{rel: manifest entry} of the files an index document records."""
         return self._derive(doc, "entries",
-                            lambda files: {rel: row_to_entry(row) for rel, row in files.items()})
+                            lambda files: {rel: row.entry() for rel, row in files.items()})
 
 
 # ---------------------------------------------------------------------------
@@ -5459,8 +5497,8 @@ class GitRefWriter:
     def _make_ref(self, run, cache_key, existing, ref, entries, payload_path, parent, message):
         """Commit the stored files of entries and point the new ref at it;
         False when the ref appeared meanwhile. existing gets the new ref."""
-        files = [(path, git_file_mode(entry[3]), entry[1]) for path, entry in entries.items()
-                 if entry[0] == KIND_FILE]
+        files = [(path, git_file_mode(entry.mode), entry.sha) for path, entry in entries.items()
+                 if entry.kind == KIND_FILE]
         cache = GitObjectCache(*cache_key)
         commit, blobs, trees = self._commit(run, cache, files, payload_path, parent, message,
                                             set(existing.values()))
@@ -6048,9 +6086,9 @@ def sensitive_now(entries, policy):
     shown as a sensitive one (no content, no hash): a record made under an
     older list must not carry such a file's content into a package, which
     every workspace then refuses (refuse_foreign_paths)."""
-    now = {rel: manifest_entry(KIND_SENSITIVE, None, entry[2], entry[3], entry[4])
+    now = {rel: manifest_entry(KIND_SENSITIVE, None, entry.size, entry.mode, entry.mtime_ns)
            for rel, entry in entries.items()
-           if entry[0] == KIND_FILE and policy.sensitive(rel)}
+           if entry.kind == KIND_FILE and policy.sensitive(rel)}
     return dict(entries, **now) if now else entries
 
 
@@ -6137,7 +6175,7 @@ def refuse_foreign_paths(desc, policy):
     restore write: .git, the store, excluded or sensitive names."""
     paths = [item["path"] for item in desc["files"]]
     for entry in desc.get("history") or []:
-        paths.extend(p for p, e in entry["files"].items() if e[0] == KIND_FILE)
+        paths.extend(p for p, e in entry["files"].items() if e.kind == KIND_FILE)
     for rel in paths:
         if policy.excluded(rel) or policy.sensitive(rel):
             raise UnsafePath("the package would write %r, which is excluded or sensitive in "
@@ -6242,6 +6280,7 @@ def _check_package_history(package, desc, listing, sizes):
         if type(entry["files"]) is not dict or not entries_ok(entry["files"].values(), 5):
             raise InvalidArgument("the package history of step %d has a malformed file "
                                   "entry" % entry["step"]["index"])
+        entry["files"] = {rel: as_entry(item) for rel, item in entry["files"].items()}
     numbers = [entry["step"]["index"] for entry in history]
     if len(set(numbers)) != len(numbers):
         raise InvalidArgument("the package history lists a step twice")
@@ -6255,20 +6294,16 @@ def _check_package_history(package, desc, listing, sizes):
             raise InvalidArgument("the package content %s does not match its hash" % sha[:12])
     for entry in history:
         for rel, item in entry["files"].items():
-            if item[0] == KIND_FILE and sizes.get(item[1], item[2]) != item[2]:
+            if item.kind == KIND_FILE and sizes.get(item.sha, item.size) != item.size:
                 raise InvalidArgument("the package history of step %d gives %r a size its "
                                       "content does not have" % (entry["step"]["index"], rel))
 
 
 def package_history_shas(desc):
-    shas = set()
-    for entry in desc.get("history") or []:
-        for value in entry["files"].values():
-            if value[0] == KIND_FILE:
-                if not isinstance(value[1], str) or not re.match(r"^[0-9a-f]{64}\Z", value[1]):
-                    raise InvalidArgument("the package history has a malformed hash %r" % (value[1],))
-                shas.add(value[1])
-    return sorted(shas)
+    """The content the package's history names, sorted (its entries checked
+    by _check_package_history)."""
+    return sorted({value.sha for entry in desc.get("history") or []
+                   for value in entry["files"].values() if value.kind == KIND_FILE})
 
 
 def carried_history_shas(package, desc):
@@ -6299,21 +6334,21 @@ def vouched_rows(scanned, old_rows, old_entries, trusted):
     is mostly identity checks; to_read lists (rel, info) of the rest."""
     entries, rows, to_read = {}, {}, []
     for rel, info in scanned.items():
-        if info[6]:  # sensitive: size and mtime only, never read
+        if info.sensitive:  # size and mtime only, never read
             rows[rel] = index_row(info, KIND_SENSITIVE, None)
             entries[rel] = manifest_entry(KIND_SENSITIVE, None, info.size, info.mode,
                                           info.mtime_ns)
             continue
         row = old_rows.get(rel)
-        if row is not None and trusted is not None and row[6] != KIND_SENSITIVE \
+        if row is not None and trusted is not None and row.kind != KIND_SENSITIVE \
                 and trusted(row, info):
-            if (row[5] == info[5] and row[2] == info[2] and row[3] == info[3]
-                    and row[4] == info[4]):
+            if (row.mode == info.mode and row.ctime_ns == info.ctime_ns and row.ino == info.ino
+                    and row.dev == info.dev):
                 rows[rel] = row
                 entries[rel] = old_entries[rel]
             else:
-                rows[rel] = index_row(info, row[6], row[7])
-                entries[rel] = manifest_entry(row[6], row[7], info.size, info.mode)
+                rows[rel] = index_row(info, row.kind, row.sha)
+                entries[rel] = manifest_entry(row.kind, row.sha, info.size, info.mode)
             continue
         to_read.append((rel, info))
     return entries, rows, to_read
@@ -6330,7 +6365,7 @@ def carry_unknown(paths, old_rows, old_entries, rows, entries):
         if rel not in rows and unseen(rel):
             entry = old_entries.get(rel)
             if entry is not None:
-                rows[rel] = list(row[:2]) + [-1] + list(row[3:])
+                rows[rel] = row.unvouched()
                 entries[rel] = entry
 
 
@@ -6341,7 +6376,7 @@ def seen_as(row):
     names of a hard-linked file moves the ctime, and so do a chmod or an
     extended attribute another program sets; some file systems renumber
     inodes. A writer moves the mtime."""
-    return None if row is None else (row[0], row[1])
+    return None if row is None else (row.size, row.mtime_ns)
 
 
 def index_after_writes(ws, rows, written, scanned_ns, overwritten=()):
@@ -6367,10 +6402,10 @@ def index_after_writes(ws, rows, written, scanned_ns, overwritten=()):
     settled = {}
     for rel, row in rows.items():
         if rel in written:
-            if row[0] > WRITTEN_TRUST_LIMIT or rel in overwritten:
-                row = row[:2] + [-1] + row[3:]
-        elif row[1] >= scanned_ns or row[2] >= scanned_ns:
-            row = row[:2] + [-1] + row[3:]
+            if row.size > WRITTEN_TRUST_LIMIT or rel in overwritten:
+                row = row.unvouched()
+        elif row.mtime_ns >= scanned_ns or row.ctime_ns >= scanned_ns:
+            row = row.unvouched()
         settled[rel] = row
     return {"stamp_ns": stamp, "files": settled}
 
@@ -6395,14 +6430,15 @@ class Recorder:
         if self.config.full_hash:
             return None
         if self.config.sha_reuse and not strict:
-            return lambda row, info: row[0] == info[0] and row[1] == info[1]
+            return lambda row, info: row.size == info.size and row.mtime_ns == info.mtime_ns
         if not STAT_CACHE_SUPPORTED:
             return None
         # Equal to the stat first: the time comparisons then compare numbers.
-        return lambda row, info: (row[1] == info[1] and row[2] == info[2]
-                                  and row[0] == info[0] and row[3] == info[3]
-                                  and row[4] == info[4] and row[1] < stamp_ns
-                                  and row[2] < stamp_ns)
+        return lambda row, info: (row.mtime_ns == info.mtime_ns
+                                  and row.ctime_ns == info.ctime_ns
+                                  and row.size == info.size and row.ino == info.ino
+                                  and row.dev == info.dev and row.mtime_ns < stamp_ns
+                                  and row.ctime_ns < stamp_ns)
 
     @gc_paused
     def snapshot(self, ws, *, store_content, strict=False):
@@ -6461,14 +6497,14 @@ class Recorder:
         wanted = {}
         for rel in rels:
             entry = entries.get(rel)
-            if entry is not None and entry[0] == KIND_FILE:
-                wanted.setdefault(entry[1], []).append(rel)
+            if entry is not None and entry.kind == KIND_FILE:
+                wanted.setdefault(entry.sha, []).append(rel)
         changed, reads = False, snap.reads
         payloads = ws.store.payloads
         gone = []
         for sha, users in wanted.items():  # one stat each: there, and of the right size
             size = payloads.size(sha)
-            if size is not None and size != entries[users[0]][2]:
+            if size is not None and size != entries[users[0]].size:
                 # A stored copy of the wrong size is damaged: the file itself
                 # is the one good copy left, so it is stored again.
                 ws.store.log("stored content %s is damaged (wrong size); it is stored again "
@@ -6480,7 +6516,8 @@ class Recorder:
         for sha in gone:
             for rel in wanted[sha]:
                 row = rows[rel]
-                info = StatInfo(row[0], row[1], row[2], row[3], row[4], row[5], False)
+                info = StatInfo(row.size, row.mtime_ns, row.ctime_ns, row.ino, row.dev, row.mode,
+                                False)
                 try:
                     kind, new_sha, size, mode = self.read_file(ws, rel, info, True, snap.created)
                 except OSError as exc:
@@ -6537,7 +6574,8 @@ class Recorder:
         corrects by reading what it cannot vouch for."""
         old_stamp = old_index.get("stamp_ns", 0)
         if snap.rows != old_index["files"] or any(
-                row[1] >= old_stamp or row[2] >= old_stamp for row in snap.rows.values()):
+                row.mtime_ns >= old_stamp or row.ctime_ns >= old_stamp
+                for row in snap.rows.values()):
             self.keep_index(ws, {"stamp_ns": snap.stamp_ns, "files": snap.rows},
                              entries=snap.entries)
 
@@ -7031,9 +7069,10 @@ class Saving:
             walked["ignored"] = lambda rel, name: excluded(name) or rel == store_rel
         scan = scan_tree(ws.root, policy, dirs)
         files = scan.files
+        # A file's signature: its path and the five stat fields (size to
+        # dev) that StatInfo and IndexRow share, compared as a slice.
         changed = [(rel,) + info[:5] for rel, info in files.items()
-                   if (row := rows.get(rel)) is None or row[1] != info[1] or row[2] != info[2]
-                   or row[0] != info[0] or row[3] != info[3] or row[4] != info[4]]
+                   if (row := rows.get(rel)) is None or row[:5] != info[:5]]
         if len(rows) + len(changed) > len(files):  # something recorded is gone
             unseen = unseen_test(scan.unreadable)
             changed.extend((rel,) for rel in rows if rel not in files and not unseen(rel))
@@ -7099,9 +7138,9 @@ class Reporting:
                                          "drift_id")}
         view["head"] = step["index"] == state["head"]
         if files is not None:
-            view["files"] = [{"path": p, "size": e[2], "mode": "%o" % e[3],
-                              "kind": {"f": "file", "s": "sensitive", "b": "large"}[e[0]],
-                              "sha256": e[1]} for p, e in sorted(files.items())]
+            view["files"] = [{"path": p, "size": e.size, "mode": "%o" % e.mode,
+                              "kind": {"f": "file", "s": "sensitive", "b": "large"}[e.kind],
+                              "sha256": e.sha} for p, e in sorted(files.items())]
         return view
 
     @staticmethod
@@ -7247,7 +7286,8 @@ class Reporting:
     def _drift_paths(scan, index_doc):
         rows = index_doc["files"]
         paths = [rel for rel, info in scan.files.items()
-                 if rel not in rows or rows[rel][0] != info.size or rows[rel][1] != info.mtime_ns]
+                 if rel not in rows or rows[rel].size != info.size
+                 or rows[rel].mtime_ns != info.mtime_ns]
         unseen = unseen_test(scan.unreadable)
         paths.extend(rel for rel in rows if rel not in scan.files and not unseen(rel))
         return sorted(paths)
@@ -7284,9 +7324,9 @@ class Reporting:
             entries = ws.records.manifests.load(step["manifest"])
         except CheckpointError as exc:
             return [str(exc)]
-        lost = set(ws.store.payloads.missing({e[1] for e in entries.values()
-                                              if e[0] == KIND_FILE}, reuse_listings=True))
-        missing = [p for p, e in entries.items() if e[0] == KIND_FILE and e[1] in lost]
+        lost = set(ws.store.payloads.missing({e.sha for e in entries.values()
+                                              if e.kind == KIND_FILE}, reuse_listings=True))
+        missing = [p for p, e in entries.items() if e.kind == KIND_FILE and e.sha in lost]
         if missing:
             return ["content of %d file(s) of step %d is missing from the store, e.g. %r"
                     % (len(missing), state["head"], sorted(missing)[0])]
@@ -7300,11 +7340,11 @@ MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
 
 
 def same_content(have, want):
-    if have[0] != want[0]:
+    if have.kind != want.kind:
         return False
-    if have[0] == KIND_SENSITIVE:
-        return have[2] == want[2] and have[4] == want[4]
-    return have[1] == want[1] and not (have[3] ^ want[3]) & MODE_BITS_COMPARED
+    if have.kind == KIND_SENSITIVE:
+        return have.size == want.size and have.mtime_ns == want.mtime_ns
+    return have.sha == want.sha and not (have.mode ^ want.mode) & MODE_BITS_COMPARED
 
 
 def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):
@@ -7326,9 +7366,9 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
         if left:  # known only from an earlier record: never deleted unseen
             plan["unrestorable"].append({"path": path, "reason": left})
-        elif have[0] == KIND_SENSITIVE:
+        elif have.kind == KIND_SENSITIVE:
             plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
-        elif have[0] == KIND_BIG:
+        elif have.kind == KIND_BIG:
             plan["unrestorable"].append({"path": path, "reason": "over 100 MB, no stored copy: "
                                          "not deleted"})
         else:
@@ -7413,15 +7453,15 @@ def _left_in_place(path, untouchable):
 
 
 def _unrestorable_reason(path, have, want, has_payload, current, deleted):
-    if want[0] == KIND_SENSITIVE:
+    if want.kind == KIND_SENSITIVE:
         return "sensitive file: its content is never stored"
-    if want[0] == KIND_BIG:
+    if want.kind == KIND_BIG:
         return "over 100 MB: its content is not stored"
-    if have is not None and have[0] == KIND_SENSITIVE:
+    if have is not None and have.kind == KIND_SENSITIVE:
         return "sensitive file in the workspace: never overwritten"
-    if have is not None and have[0] == KIND_BIG:
+    if have is not None and have.kind == KIND_BIG:
         return "over 100 MB in the workspace, no stored copy: not overwritten"
-    if not has_payload(want[1]):
+    if not has_payload(want.sha):
         return "stored content is missing (reclaimed or lost)"
     parts = path.split("/")
     for depth in range(1, len(parts)):
@@ -7507,11 +7547,11 @@ class Restoring:
         current = snap.entries
         try:
             for rel in plan["to_delete"]:
-                journal.add_entry(rel, (current[rel][1], current[rel][3]))
+                journal.add_entry(rel, (current[rel].sha, current[rel].mode))
             for rel in plan["to_replace"]:
-                journal.add_entry(rel, (current[rel][1], current[rel][3]), target[rel][1])
+                journal.add_entry(rel, (current[rel].sha, current[rel].mode), target[rel].sha)
             for rel in plan["to_write"]:
-                journal.add_entry(rel, None, target[rel][1])
+                journal.add_entry(rel, None, target[rel].sha)
             journal.data["created_dirs"] = missing_dirs(ws.root,
                                                         plan["to_write"] + plan["to_replace"])
             journal.add_store_new(ws.records.manifests.path(state["last_manifest"] + 1))
@@ -7538,7 +7578,7 @@ class Restoring:
             state["head"] = head_after
             if head_after:
                 state["head_manifest"] = ws.records.read_step(head_after)["manifest"]
-            entries_after = {rel: row_to_entry(row) for rel, row in rows.items()}
+            entries_after = {rel: row.entry() for rel, row in rows.items()}
             state["index_manifest"] = target_no if entries_after == target else 0
             ws.records.write_state_with(
                 state, lambda staged: ws.store.payloads.flush_with(later + staged))
@@ -7644,7 +7684,7 @@ class Restoring:
             st = stats[rel]
             info = StatInfo(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                             stat_mod.S_IMODE(st.st_mode), False)
-            rows[rel] = index_row(info, KIND_FILE, target[rel][1])
+            rows[rel] = index_row(info, KIND_FILE, target[rel].sha)
         return rows
 
 
@@ -7778,12 +7818,12 @@ class Compaction:
             try:
                 for number in records.step_numbers():
                     step = records.read_step(number)
-                    protected.update(e[1] for e in records.manifests.load(step["manifest"]).values())
+                    protected.update(e.sha for e in records.manifests.load(step["manifest"]).values())
                 for number in records.drift_numbers():
                     drift = records.read_drift("d%04d" % number)
                     if drift.get("kind") == "recovered":
-                        protected.update(e[1] for e in records.manifests.load(drift["manifest"]).values())
-                protected.update(row[7] for row in records.read_index()["files"].values())
+                        protected.update(e.sha for e in records.manifests.load(drift["manifest"]).values())
+                protected.update(row.sha for row in records.read_index()["files"].values())
             except (StoreCorrupt, NotFound, KeyError) as exc:
                 raise StoreCorrupt("cannot tell which content task %r still needs (%s); "
                                    "nothing was reclaimed" % (task_id, exc)) from None
@@ -7841,7 +7881,7 @@ class Compaction:
                     if drift.get("compressed"):
                         continue
                     entries = records.manifests.load(drift["manifest"])
-                needed.update(e[1] for e in entries.values() if e[0] == KIND_FILE)
+                needed.update(e.sha for e in entries.values() if e.kind == KIND_FILE)
         return needed
 
     def _compressible_drifts(self, ws):
@@ -7871,8 +7911,8 @@ class Compaction:
         for key, (_records, drift, entries) in drifts.items():
             for path in drift.get("added", []) + drift.get("modified", []):
                 entry = entries.get(path)
-                if entry and entry[0] == KIND_FILE:
-                    copies.setdefault(path, []).append((drift["created_ns"], key, entry[1]))
+                if entry and entry.kind == KIND_FILE:
+                    copies.setdefault(path, []).append((drift["created_ns"], key, entry.sha))
         now_ns = time.time_ns()
         eligible = []
         for path, items in copies.items():
@@ -8102,12 +8142,12 @@ class Importing:
             if have is None and os.path.lexists(full) and not os.path.isdir(full):
                 raise Conflict("%r is in the workspace but could not be read; nothing was "
                                "imported" % rel)
-            if have is not None and have[0] != KIND_FILE:
+            if have is not None and have.kind != KIND_FILE:
                 raise Conflict("%r in the workspace has no stored copy (sensitive or over "
                                "100 MB); move it away, then import" % rel)
-            if have is not None and (have[1], have[3]) != (item["sha256"], item["mode"] & 0o777):
+            if have is not None and (have.sha, have.mode) != (item["sha256"], item["mode"] & 0o777):
                 overwritten.append(rel)
-            journal.add_entry(rel, (have[1], have[3]) if have else None, item["sha256"])
+            journal.add_entry(rel, (have.sha, have.mode) if have else None, item["sha256"])
         for sha in carried_history_shas(package, desc):
             check_cancelled()
             written = payloads.put_file(os.path.join(package, "history", "payload", sha))[3]
@@ -8245,7 +8285,7 @@ class Importing:
         state = make_state(task_id=ws.task_id, name=task["name"], goal=task.get("goal") or "",
                            constraints=task.get("constraints") or "", root=ws.root,
                            exclude=PathPolicy.check_patterns(task.get("exclude") or []))
-        steps = [(h["step"], {p: manifest_entry(e[0], e[1], e[2], e[3] & 0o777, e[4])
+        steps = [(h["step"], {p: manifest_entry(e.kind, e.sha, e.size, e.mode & 0o777, e.mtime_ns)
                               for p, e in h["files"].items()})
                  for h in desc.get("history") or []]
         if not steps and desc.get("step"):

@@ -202,9 +202,9 @@ class StatCacheTest(WorkspaceTest):
         ws = tc.Workspace(self.tmp, store)
         scanned = 10**18
         sha = "ab" * 32
-        rows = {"old.txt": [3, scanned - 5, scanned - 5, 11, 1, 0o644, "f", sha],
-                "busy.txt": [3, scanned - 5, scanned + 5, 12, 1, 0o644, "f", sha],
-                "written.txt": [3, scanned + 7, scanned + 7, 13, 1, 0o644, "f", sha]}
+        rows = {"old.txt": tc.IndexRow(3, scanned - 5, scanned - 5, 11, 1, 0o644, "f", sha),
+                "busy.txt": tc.IndexRow(3, scanned - 5, scanned + 5, 12, 1, 0o644, "f", sha),
+                "written.txt": tc.IndexRow(3, scanned + 7, scanned + 7, 13, 1, 0o644, "f", sha)}
         before = tc.time.time_ns()
         index = tc.index_after_writes(ws, rows, {"written.txt"}, scanned)
         self.assertGreaterEqual(index["stamp_ns"], before - tc.RACY_MARGIN_NS)
