@@ -6667,19 +6667,10 @@ class Recorder:
 
 
 # ---------------------------------------------------------------------------
-# 15. Operations
+# 15. Operations, one class each: a new feature of an operation lands in its class
 # ---------------------------------------------------------------------------
 
-def find_groups(entries):
-    """Top-level X.p3d expects the companion X.p3dat."""
-    groups = []
-    for path in sorted(entries):
-        if "/" not in path and path.lower().endswith(".p3d"):
-            companion = path + "at"
-            groups.append({"main": path, "companion": companion,
-                           "status": "ok" if companion in entries else "missing"})
-    return groups
-
+# - - - 15.1 Task setup: tc_init, tc_switch -----------------------------------
 
 class TaskSetup:
     """tc_init and tc_switch: making a task, choosing its store, making a
@@ -6854,6 +6845,19 @@ class TaskSetup:
                     pass  # open but not active: a save or switch sets it right
             raise
         return {"task_id": task_id, "status": "open"}
+
+
+# - - - 15.2 Save and capture: tc_save, tc_capture ----------------------------
+
+def find_groups(entries):
+    """Top-level X.p3d expects the companion X.p3dat."""
+    groups = []
+    for path in sorted(entries):
+        if "/" not in path and path.lower().endswith(".p3d"):
+            companion = path + "at"
+            groups.append({"main": path, "companion": companion,
+                           "status": "ok" if companion in entries else "missing"})
+    return groups
 
 
 class Saving:
@@ -7078,6 +7082,8 @@ class Saving:
             changed.extend((rel,) for rel in rows if rel not in files and not unseen(rel))
         return tuple(sorted(changed))
 
+
+# - - - 15.3 Show and resume: tc_show, tc_resume ------------------------------
 
 class Reporting:
     """tc_show and tc_resume: what the records say, and what changed on
@@ -7332,6 +7338,8 @@ class Reporting:
                     % (len(missing), state["head"], sorted(missing)[0])]
         return []
 
+
+# - - - 15.4 Restore: the planner, then tc_restore ----------------------------
 
 # Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
 # there a recorded mode is compared by its owner-write bit alone: a package
@@ -7688,6 +7696,8 @@ class Restoring:
         return rows
 
 
+# - - - 15.5 Compaction: tc_compress ------------------------------------------
+
 class Compaction:
     """tc_compress: which drift content may go, marking its records
     first, then deleting it."""
@@ -7926,6 +7936,8 @@ class Compaction:
         return eligible
 
 
+# - - - 15.6 Export: tc_export ------------------------------------------------
+
 class Exporting:
     """tc_export: a handoff package built under a temporary name and
     renamed into place."""
@@ -8068,6 +8080,8 @@ class Exporting:
                           "files": {p: list(e) for p, e in sorted(entries.items())}})
         return steps
 
+
+# - - - 15.7 Import: tc_import ------------------------------------------------
 
 class Importing:
     """tc_import: a package checked whole, journaled, written, and made
