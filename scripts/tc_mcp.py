@@ -13,9 +13,10 @@ Tools: the TOOLS table is the one place a tool is declared (its schemas,
 description, hints, handler and the lists its results are cut to);
 tools/list, the argument checks, tools/call and fit_result all read it.
 
-Command line: no argument starts the server; --version, --help,
---print-skill, --skill-path and --install-skill DIR [--force]. An argument
-it does not know is named on stderr and the server starts anyway.
+Command line: no argument starts the server (saying so in one line on
+stderr when stdin is a terminal); --version, --help, --print-skill,
+--skill-path and --install-skill DIR [--force]. An argument it does not
+know is named on stderr and the server starts anyway.
 """
 
 from __future__ import annotations
@@ -1586,6 +1587,9 @@ def split_switch_values(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
+        if stdin_is_terminal():  # a person typed the command; a client gives it pipes
+            print("tc-mcp: an MCP server, waiting for a client on stdin/stdout; "
+                  "`tc-mcp --help` lists the commands", file=sys.stderr)
         return run_stdio()
     argv, odd = split_switch_values(argv)
     try:
@@ -1616,6 +1620,13 @@ def main(argv=None):
     if args.install_skill:
         return install_skill(args.install_skill, args.force)
     return run_stdio()
+
+
+def stdin_is_terminal():
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):  # no stdin, or one without a descriptor
+        return False
 
 
 def run_stdio():
