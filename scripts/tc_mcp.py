@@ -9,9 +9,14 @@ a notifications/cancelled stops the tool call it names while that call
 runs, or keeps it from starting. Every malformed line gets an error and the
 server keeps serving.
 
-Command line: no argument starts the server; --version, --help,
---print-skill, --skill-path and --install-skill DIR [--force]. An argument
-it does not know is named on stderr and the server starts anyway.
+Tools: the TOOLS table is the one place a tool is declared (its schemas,
+description, hints, handler and the lists its results are cut to);
+tools/list, the argument checks, tools/call and fit_result all read it.
+
+Command line: no argument starts the server (saying so in one line on
+stderr when stdin is a terminal); --version, --help, --print-skill,
+--skill-path and --install-skill DIR [--force]. An argument it does not
+know is named on stderr and the server starts anyway.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import re  # noqa: E402
 from json.decoder import scanstring as scan_json_string  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from typing import Callable, NamedTuple  # noqa: E402
 
 if __package__ in (None, "") and os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -210,11 +216,108 @@ PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
 
-TOOL_SPECS = {
-    "tc_init": {
-        "description": "Start a long task in a workspace: names it, records its goal and the "
-                       "workspace as it is now. An already active task is suspended, not closed.",
-        "input": s_obj({
+
+# ---------------------------------------------------------------------------
+# Tool handlers: arguments in, plain dict out
+# ---------------------------------------------------------------------------
+
+def present(arguments, *names):
+    """The arguments among names that a call has, as keywords: one whose
+    schema has no default and that the client left out is not passed, so
+    the core's own default applies."""
+    return {name: arguments[name] for name in names if name in arguments}
+
+
+def call_init(cp, a):
+    return cp.init(a["root"], a["name"], **present(a, "goal", "constraints", "store", "exclude"))
+
+
+def call_switch(cp, a):
+    return cp.switch(a["root"], a["task_id"])
+
+
+def call_save(cp, a):
+    return cp.save(a["root"], a["title"], **present(
+        a, "task_id", "description", "conclusion", "next", "verified", "open_questions",
+        "close", "paths"))
+
+
+def call_capture(cp, a):
+    return cp.capture(a["root"])
+
+
+def call_show(cp, a):
+    return cp.show(a["root"], **present(a, "task_id", "index", "include_drift", "limit",
+                                        "cursor"))
+
+
+def call_restore(cp, a):
+    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply"))
+
+
+def call_resume(cp, a):
+    return cp.resume(a["root"], **present(a, "task_id"))
+
+
+def call_export(cp, a):
+    return cp.export(a["root"], a["to"], **present(a, "history"))
+
+
+def call_import(cp, a):
+    return cp.import_package(a["root"], a["package"])
+
+
+def call_compress(cp, a):
+    return cp.compress(a["root"], **present(a, "keep_seconds", "minimum", "maximum"))
+
+
+# ---------------------------------------------------------------------------
+# The tools: each declared once, in TOOLS
+# ---------------------------------------------------------------------------
+
+class Hints(NamedTuple):
+    """What a client may show or decide before calling a tool: its title,
+    whether it only reads, whether it may overwrite or delete what it cannot
+    give back by itself (a restore or an import overwrites workspace files,
+    which its recovered record brings back; compress deletes stored content
+    for good), and whether calling it again has the same effect."""
+
+    title: str
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+
+    def annotations(self):
+        return {"title": self.title, "readOnlyHint": self.read_only,
+                "destructiveHint": self.destructive, "idempotentHint": self.idempotent,
+                "openWorldHint": False}
+
+
+class Tool(NamedTuple):
+    """One tool, as tools/list shows it and tools/call checks and runs it.
+
+    handler(checkpoints, arguments) returns the result as a plain dict; its
+    arguments fit input and have the schema's defaults filled in (see
+    normalized), so a handler never restates a default. long_lists: the
+    lists of a result fit_result cuts, by place ("plan.to_write"); None for
+    a result that is passed on whole."""
+
+    hints: Hints
+    description: str
+    input: dict
+    output: dict
+    handler: Callable[[tc.Checkpoints, dict], dict]
+    long_lists: tuple[str, ...] | None = None
+
+
+# The one place a tool is declared: tools/list, the argument checks, the
+# dispatch of tools/call and fit_result all read this table.
+TOOLS = {
+    "tc_init": Tool(
+        hints=Hints("Start a task"),
+        description="Start a long task in a workspace: names it, records its goal and the "
+                    "workspace as it is now. An already active task is suspended, not closed.",
+        input=s_obj({
             "root": ROOT,
             "name": s_str("Short task name.", max_length=TITLE_LIMIT, min_length=1),
             "goal": s_str("What the task should achieve."),
@@ -224,21 +327,25 @@ TOOL_SPECS = {
             "exclude": s_list("Extra names to leave out of every scan: single-name globs such "
                               "as 'data' or '*.log' (no '/').", item_length=PATH_LIMIT),
         }, ["root", "name"]),
-        "output": s_out({
+        output=s_out({
             "task_id": {"type": "string"}, "name": {"type": "string"},
             "store": {"type": "string"}, "store_is_external": {"type": "boolean"},
             "prev_suspended": NULLABLE_STR, "exclude": STR_LIST, "note": {"type": "string"}}),
-    },
-    "tc_switch": {
-        "description": "Make a suspended task of this workspace active again.",
-        "input": s_obj({"root": ROOT, "task_id": SWITCH_TASK_ID}, ["root", "task_id"]),
-        "output": s_out({"task_id": {"type": "string"}, "status": {"type": "string"}}),
-    },
-    "tc_save": {
-        "description": "Save one finished step: what was done (title), what it concluded, and "
-                       "what comes next. Records every file of the workspace. Call after each "
-                       "step; close: true finishes the task.",
-        "input": s_obj({
+        handler=call_init,
+    ),
+    "tc_switch": Tool(
+        hints=Hints("Return to a suspended task", idempotent=True),
+        description="Make a suspended task of this workspace active again.",
+        input=s_obj({"root": ROOT, "task_id": SWITCH_TASK_ID}, ["root", "task_id"]),
+        output=s_out({"task_id": {"type": "string"}, "status": {"type": "string"}}),
+        handler=call_switch,
+    ),
+    "tc_save": Tool(
+        hints=Hints("Save a finished step"),
+        description="Save one finished step: what was done (title), what it concluded, and "
+                    "what comes next. Records every file of the workspace. Call after each "
+                    "step; close: true finishes the task.",
+        input=s_obj({
             "root": ROOT,
             "title": s_str("One line: what this step did.", max_length=TITLE_LIMIT, min_length=1),
             "task_id": TASK_ID,
@@ -251,28 +358,34 @@ TOOL_SPECS = {
             "paths": dict(s_list("Must be empty: a save always records the whole workspace.",
                                  item_length=PATH_LIMIT), maxItems=0),
         }, ["root", "title"]),
-        "output": s_out({
+        output=s_out({
             "task_id": {"type": "string"}, "index": {"type": "integer"},
             "title": {"type": "string"}, "groups": {"type": "array"},
             "skipped_paths": SKIPPED, "idempotent": {"type": "boolean"},
             "closed": {"type": "boolean"}, "status": {"type": "string"},
             "active_task_changed": {"type": "boolean"}, "git": GIT, "omitted": OMITTED}),
-    },
-    "tc_capture": {
-        "description": "Record file changes on disk now, without waiting for the background "
-                       "watcher's quiet period.",
-        "input": s_obj({"root": ROOT}, ["root"]),
-        "output": s_out({
+        handler=call_save,
+        long_lists=("skipped_paths", "groups"),
+    ),
+    "tc_capture": Tool(
+        hints=Hints("Record file changes now", idempotent=True),
+        description="Record file changes on disk now, without waiting for the background "
+                    "watcher's quiet period.",
+        input=s_obj({"root": ROOT}, ["root"]),
+        output=s_out({
             "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
             "drift_id": NULLABLE_STR, "partial": {"type": "boolean"},
             "reads": {"type": "integer"}, "skipped_paths": SKIPPED,
             "added": STR_LIST, "modified": STR_LIST, "deleted": STR_LIST, "omitted": OMITTED},
             ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths", "omitted"]),
-    },
-    "tc_show": {
-        "description": "List the task's steps (and drift records), newest last, a page at a "
-                       "time; index shows one step with its files.",
-        "input": s_obj({
+        handler=call_capture,
+        long_lists=("skipped_paths", "added", "modified", "deleted"),
+    ),
+    "tc_show": Tool(
+        hints=Hints("List steps and drift records", read_only=True, idempotent=True),
+        description="List the task's steps (and drift records), newest last, a page at a "
+                    "time; index shows one step with its files.",
+        input=s_obj({
             "root": ROOT, "task_id": TASK_ID,
             "index": s_int("Show this step with its files.", minimum=1),
             "include_drift": s_bool("Also list drift records."),
@@ -280,34 +393,41 @@ TOOL_SPECS = {
             "cursor": s_int("Where the page starts (next_cursor of the previous page).",
                             minimum=0, default=0),
         }, ["root"]),
-        "output": s_out({
+        output=s_out({
             "steps": {"type": "array"}, "drifts": {"type": "array"},
             "head": {"type": "integer"}, "next_cursor": {"type": ["integer", "null"]},
             "task_id": {"type": "string"}, "status": {"type": "string"}, "omitted": OMITTED},
             ["steps", "drifts", "head", "next_cursor", "omitted"]),
-    },
-    "tc_restore": {
-        "description": "Roll the workspace back (or forward) to a step (index) or a drift "
-                       "record (drift_id). apply: false previews the plan; apply: true does it "
-                       "and returns 'recovered', the drift id that undoes it.",
-        "input": s_obj({
+        handler=call_show,
+        long_lists=(),  # each listed drift's added, modified and deleted (steps come in pages)
+    ),
+    "tc_restore": Tool(
+        hints=Hints("Restore a step or a drift record", destructive=True),
+        description="Roll the workspace back (or forward) to a step (index) or a drift "
+                    "record (drift_id). apply: false previews the plan; apply: true does it "
+                    "and returns 'recovered', the drift id that undoes it.",
+        input=s_obj({
             "root": ROOT,
             "index": s_int("Step number to restore.", minimum=1),
             "drift_id": s_str("Drift record to restore, e.g. 'd0003'.", max_length=32,
                               min_length=1),
             "apply": s_bool("false: preview only; true: change the workspace."),
         }, ["root"]),
-        "output": s_out({
+        output=s_out({
             "applied": {"type": "boolean"}, "recovered": NULLABLE_STR, "plan": PLAN,
             "skipped_paths": SKIPPED, "head": {"type": "integer"}, "target": {"type": "string"},
             "omitted": OMITTED},
             ["applied", "recovered", "plan", "skipped_paths", "omitted"]),
-    },
-    "tc_resume": {
-        "description": "Read-only: everything a new session needs to continue the task, with a "
-                       "ready-made handoff text and the paths changed but not yet recorded.",
-        "input": s_obj({"root": ROOT, "task_id": TASK_ID}, ["root"]),
-        "output": s_out({
+        handler=call_restore,
+        long_lists=("skipped_paths", "plan.to_delete", "plan.to_write",
+                    "plan.to_replace", "plan.unrestorable"),
+    ),
+    "tc_resume": Tool(
+        hints=Hints("Pick the task up", read_only=True, idempotent=True),
+        description="Read-only: everything a new session needs to continue the task, with a "
+                    "ready-made handoff text and the paths changed but not yet recorded.",
+        input=s_obj({"root": ROOT, "task_id": TASK_ID}, ["root"]),
+        output=s_out({
             "goal": {"type": "string"}, "constraints": {"type": "string"},
             "head": {"type": "integer"},
             "last": {"type": "object", "properties": {
@@ -324,40 +444,49 @@ TOOL_SPECS = {
             ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
              "changed_since_step", "handoff", "health", "store", "active_task", "skipped",
              "omitted"]),
-    },
-    "tc_export": {
-        "description": "Write a handoff package <task_id>-handoff/ into an existing directory: "
-                       "HANDOFF.md, a description and the current step's files (sensitive "
-                       "files left out). history: true adds every step. changed_since_step "
-                       "lists files changed after that step, which the package lacks: save "
-                       "first to include them.",
-        "input": s_obj({
+        handler=call_resume,
+        long_lists=("drift_paths", "changed_since_step", "skipped", "health.errors"),
+    ),
+    "tc_export": Tool(
+        hints=Hints("Write a handoff package"),
+        description="Write a handoff package <task_id>-handoff/ into an existing directory: "
+                    "HANDOFF.md, a description and the current step's files (sensitive "
+                    "files left out). history: true adds every step. changed_since_step "
+                    "lists files changed after that step, which the package lacks: save "
+                    "first to include them.",
+        input=s_obj({
             "root": ROOT,
             "to": s_str("Absolute path of an existing directory.", max_length=PATH_LIMIT,
                         min_length=1),
             "history": s_bool("Include every step so the receiver can restore any of them."),
         }, ["root", "to"]),
-        "output": s_out({"path": {"type": "string"}, "filtered": SKIPPED, "files": STR_LIST,
-                         "changed_since_step": STR_LIST, "omitted": OMITTED}),
-    },
-    "tc_import": {
-        "description": "Continue a task from a handoff package in this workspace: checks the "
-                       "package, writes its files, makes the task active. When files already "
-                       "here are overwritten, 'recovered' is the drift id that brings them back.",
-        "input": s_obj({
+        output=s_out({"path": {"type": "string"}, "filtered": SKIPPED, "files": STR_LIST,
+                      "changed_since_step": STR_LIST, "omitted": OMITTED}),
+        handler=call_export,
+        long_lists=("files", "filtered", "changed_since_step"),
+    ),
+    "tc_import": Tool(
+        hints=Hints("Continue a task from a handoff package", destructive=True),
+        description="Continue a task from a handoff package in this workspace: checks the "
+                    "package, writes its files, makes the task active. When files already "
+                    "here are overwritten, 'recovered' is the drift id that brings them back.",
+        input=s_obj({
             "root": ROOT,
             "package": s_str("Absolute path of the package directory tc_export returned.",
                              max_length=PATH_LIMIT, min_length=1),
         }, ["root", "package"]),
-        "output": s_out({"task_id": {"type": "string"}, "recovered": NULLABLE_STR,
-                         "skipped_paths": SKIPPED, "omitted": OMITTED},
-                        ["task_id", "recovered", "skipped_paths"]),
-    },
-    "tc_compress": {
-        "description": "Reclaim space held by old drift records' content, and by content no "
-                       "record names (left by an interrupted save). Steps and recovered "
-                       "records are never touched.",
-        "input": s_obj({
+        output=s_out({"task_id": {"type": "string"}, "recovered": NULLABLE_STR,
+                      "skipped_paths": SKIPPED, "omitted": OMITTED},
+                     ["task_id", "recovered", "skipped_paths"]),
+        handler=call_import,
+        long_lists=("skipped_paths",),
+    ),
+    "tc_compress": Tool(
+        hints=Hints("Reclaim space from old drift records", destructive=True),
+        description="Reclaim space held by old drift records' content, and by content no "
+                    "record names (left by an interrupted save). Steps and recovered "
+                    "records are never touched.",
+        input=s_obj({
             "root": ROOT,
             "keep_seconds": s_int("Keep drift content younger than this.", minimum=0,
                                   default=604800),
@@ -366,35 +495,12 @@ TOOL_SPECS = {
             "maximum": s_int("Never keep more than this many copies of a path.", minimum=0,
                              default=50),
         }, ["root"]),
-        "output": s_out({k: {"type": "integer"} for k in (
+        output=s_out({k: {"type": "integer"} for k in (
             "converted", "eligible", "already_gone", "unreferenced", "bytes_freed",
             "keep_seconds", "minimum", "maximum")}),
-    },
+        handler=call_compress,
+    ),
 }
-
-
-# What a client may show or decide before calling a tool: (title, reads only,
-# may overwrite or delete what it cannot give back by itself, same effect
-# when repeated). A restore or an import overwrites workspace files (its
-# recovered record undoes it); compress deletes stored content for good.
-TOOL_HINTS = {
-    "tc_init": ("Start a task", False, False, False),
-    "tc_switch": ("Return to a suspended task", False, False, True),
-    "tc_save": ("Save a finished step", False, False, False),
-    "tc_capture": ("Record file changes now", False, False, True),
-    "tc_show": ("List steps and drift records", True, False, True),
-    "tc_restore": ("Restore a step or a drift record", False, True, False),
-    "tc_resume": ("Pick the task up", True, False, True),
-    "tc_export": ("Write a handoff package", False, False, False),
-    "tc_import": ("Continue a task from a handoff package", False, True, False),
-    "tc_compress": ("Reclaim space from old drift records", False, True, False),
-}
-
-
-def tool_annotations(name):
-    title, read_only, destructive, idempotent = TOOL_HINTS[name]
-    return {"title": title, "readOnlyHint": read_only, "destructiveHint": destructive,
-            "idempotentHint": idempotent, "openWorldHint": False}
 
 
 # ---------------------------------------------------------------------------
@@ -512,62 +618,13 @@ def normalized(arguments, schema):
     return out
 
 
-# ---------------------------------------------------------------------------
-# Tool handlers: arguments in, plain dict out
-# ---------------------------------------------------------------------------
-
-def call_tool(cp, name, a):
-    root = a["root"]
-    if name == "tc_init":
-        return cp.init(root, a["name"], goal=a.get("goal", ""),
-                       constraints=a.get("constraints", ""), store=a.get("store"),
-                       exclude=a.get("exclude"))
-    if name == "tc_switch":
-        return cp.switch(root, a["task_id"])
-    if name == "tc_save":
-        return cp.save(root, a["title"], task_id=a.get("task_id"),
-                       description=a.get("description", ""), conclusion=a.get("conclusion", ""),
-                       next=a.get("next", ""), verified=a.get("verified", ()),
-                       open_questions=a.get("open_questions", ()), close=a.get("close", False),
-                       paths=a.get("paths", ()))
-    if name == "tc_capture":
-        return cp.capture(root)
-    if name == "tc_show":
-        return cp.show(root, task_id=a.get("task_id"), index=a.get("index"),
-                       include_drift=a.get("include_drift", False), limit=a.get("limit", 50),
-                       cursor=a.get("cursor", 0))
-    if name == "tc_restore":
-        return cp.restore(root, index=a.get("index"), drift_id=a.get("drift_id"),
-                          apply=a.get("apply", False))
-    if name == "tc_resume":
-        return cp.resume(root, task_id=a.get("task_id"))
-    if name == "tc_export":
-        return cp.export(root, a["to"], history=a.get("history", False))
-    if name == "tc_import":
-        return cp.import_package(root, a["package"])
-    if name == "tc_compress":
-        return cp.compress(root, keep_seconds=a.get("keep_seconds", 604800),
-                           minimum=a.get("minimum", 20), maximum=a.get("maximum", 50))
-    raise KeyError(name)
-
-
 # Clients hand a tool's structured result to the model whole, and refuse or
-# shelve one that is too long. So a list that grows with the workspace stops
-# at RESULT_LIST_LIMIT entries in a result (DRIFT_LIST_LIMIT for each drift
-# that tc_show lists, DRIFT_PAGE_LIMIT for all of them together), and
-# "omitted" says how many each cut list left out, named by its place in the
-# result: "drift_paths", "plan.to_replace", "drifts.d0003.added". The store
-# keeps every entry.
-LONG_LISTS = {
-    "tc_save": ("skipped_paths", "groups"),
-    "tc_capture": ("skipped_paths", "added", "modified", "deleted"),
-    "tc_show": (),  # each listed drift's added, modified and deleted (steps come in pages)
-    "tc_restore": ("skipped_paths", "plan.to_delete", "plan.to_write", "plan.to_replace",
-                   "plan.unrestorable"),
-    "tc_resume": ("drift_paths", "changed_since_step", "skipped", "health.errors"),
-    "tc_export": ("files", "filtered", "changed_since_step"),
-    "tc_import": ("skipped_paths",),
-}
+# shelve one that is too long. So a list that grows with the workspace (one
+# its Tool's long_lists names) stops at RESULT_LIST_LIMIT entries in a result
+# (DRIFT_LIST_LIMIT for each drift that tc_show lists, DRIFT_PAGE_LIMIT for
+# all of them together), and "omitted" says how many each cut list left out,
+# named by its place in the result: "drift_paths", "plan.to_replace",
+# "drifts.d0003.added". The store keeps every entry.
 DRIFT_LISTS = ("added", "modified", "deleted")
 
 
@@ -578,7 +635,8 @@ def fit_result(name, result):
     while the result's JSON is over RESULT_BUDGET bytes: long paths or long
     texts must not push a result past what a client passes on to the model.
     What is not in these lists (a page of steps) can keep it over."""
-    if name not in LONG_LISTS or not isinstance(result, dict):
+    tool = TOOLS.get(name)
+    if tool is None or tool.long_lists is None or not isinstance(result, dict):
         return result
     result = dict(result)
     texts_omitted = {}
@@ -618,7 +676,7 @@ def cut_lists(name, result, limit):
             holder[key] = values[:limit]
             omitted[label] = len(values) - limit
 
-    for label in LONG_LISTS[name]:
+    for label in TOOLS[name].long_lists:
         holder = result
         *parents, key = label.split(".")
         for part in parents:
@@ -980,17 +1038,17 @@ class Server:
         if cursor is not None:  # the list comes whole, so no cursor was ever given out
             raise RpcError(INVALID_PARAMS, "invalid cursor %s: tools/list is not paged"
                            % json.dumps(cursor)[:40])
-        return {"tools": [{"name": name, "title": TOOL_HINTS[name][0],
-                           "description": spec["description"],
-                           "inputSchema": spec["input"], "outputSchema": spec["output"],
-                           "annotations": tool_annotations(name)}
-                          for name, spec in TOOL_SPECS.items()]}
+        return {"tools": [{"name": name, "title": tool.hints.title,
+                           "description": tool.description,
+                           "inputSchema": tool.input, "outputSchema": tool.output,
+                           "annotations": tool.hints.annotations()}
+                          for name, tool in TOOLS.items()]}
 
     def tools_call(self, params):
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "tools/call needs params with a tool name")
         name = params.get("name")
-        if not isinstance(name, str) or name not in TOOL_SPECS:
+        if not isinstance(name, str) or name not in TOOLS:
             raise RpcError(INVALID_PARAMS, "unknown tool %s; tools/list names the ten tools"
                            % brief(name))
         arguments = params.get("arguments")
@@ -999,7 +1057,7 @@ class Server:
         if not isinstance(arguments, dict):
             return tool_result("arguments must be an object, got %s" % describe_json(arguments),
                                is_error=True)
-        schema = TOOL_SPECS[name]["input"]
+        schema = TOOLS[name].input
         problems = check_arguments(arguments, schema)
         if problems:
             return tool_result("invalid arguments for %s: %s" % (name, "; ".join(problems)),
@@ -1012,7 +1070,7 @@ class Server:
 
     def run_tool(self, name, arguments):
         try:
-            result = call_tool(self.cp, name, arguments)
+            result = TOOLS[name].handler(self.cp, arguments)
         except tc.CheckpointError as exc:
             return tool_result(one_line(str(exc)), is_error=True)
         except OSError as exc:
@@ -1529,6 +1587,9 @@ def split_switch_values(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
+        if stdin_is_terminal():  # a person typed the command; a client gives it pipes
+            print("tc-mcp: an MCP server, waiting for a client on stdin/stdout; "
+                  "`tc-mcp --help` lists the commands", file=sys.stderr)
         return run_stdio()
     argv, odd = split_switch_values(argv)
     try:
@@ -1559,6 +1620,13 @@ def main(argv=None):
     if args.install_skill:
         return install_skill(args.install_skill, args.force)
     return run_stdio()
+
+
+def stdin_is_terminal():
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):  # no stdin, or one without a descriptor
+        return False
 
 
 def run_stdio():

@@ -437,6 +437,30 @@ class CommandLineTest(unittest.TestCase):
         proc, err = self.start()
         self.assertEqual(err, "")
 
+    @unittest.skipUnless(hasattr(os, "openpty"), "needs a pseudo-terminal")
+    def test_a_terminal_on_stdin_is_told_what_the_server_waits_for(self):
+        # Started by hand, the server says once on stderr what it is; it still
+        # serves, and stdout carries frames only. With pipes it says nothing
+        # (the end of test_environment_values_it_does_not_take_are_named).
+        main, terminal = os.openpty()
+        self.addCleanup(os.close, main)
+        try:
+            proc = subprocess.Popen(support.SERVER_COMMAND, stdin=terminal,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=support.clean_env())
+        finally:
+            os.close(terminal)
+        # A line, then Ctrl-D at the start of the next: the end of the input.
+        os.write(main, b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n\x04')
+        out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(json.loads(out)["result"], {})
+        lines = err.decode("utf-8", "replace").splitlines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("MCP server", lines[0])
+        self.assertIn("stdin/stdout", lines[0])
+        self.assertIn("tc-mcp --help", lines[0])
+
 
 class ToolsListTest(ProtocolTest):
     def test_exactly_the_ten_tools(self):
