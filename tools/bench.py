@@ -9,6 +9,12 @@ measures the floors of the same work on the same files:
   stat walk     a recursive os.scandir walk that stats every file
   hash all      reading and sha256-hashing every file
   copy all      shutil.copyfile of every file into a scratch directory
+  hash + copy all + os.sync
+                reading and sha256-hashing every file, copying every file into
+                a scratch directory, then one os.sync() that flushes the copies
+  copy all twice + os.sync
+                copying every file into two scratch directories, then one
+                os.sync() that flushes the copies
   hash changed  reading and sha256-hashing only the files an operation changed
   git snapshot  `git add -A` + `git write-tree` with a temporary GIT_INDEX_FILE;
                 for a save after a change, git's next snapshot of that change
@@ -25,9 +31,10 @@ Every row prints the call's milliseconds, its floor, ratio = ms / floor and
 target = the issue's budget / floor, so a row passes when ratio <= target.
 Budgets: save with no change and resume 3x walk; save or capture after a
 change and restore preview 3x walk + 1.5x hash changed; restore apply 3x walk
-+ 2x copy changed; init, first save, export and import 1.5x copy all; a save
-in a git repository the same save without git (the medium run) + 1.5x git's
-snapshot; an idle watcher tick 2x walk. Also reported: the server's peak
++ 2x copy changed; init and export 1.5x (hash + copy all + os.sync); import
+1.5x (copy all twice + os.sync); first save 1.5x copy all; a save in a git
+repository the same save without git (the medium run) + 1.5x git's snapshot;
+an idle watcher tick 2x walk. Also reported: the server's peak
 memory (VmHWM, target under 64 MB), the store's size over the workspace's,
 and the CPU an idle watcher burns with TC_WATCH_INTERVAL=1, with change
 events (the default on Linux) and polling (TC_WATCH_EVENTS=off, as on other
@@ -74,11 +81,18 @@ MEMORY_TARGET_MB = 64.0
 # ("racily clean"); setup edits are followed by this pause before the next timed call.
 RACY_PAUSE = 1.1
 
+# The floors of init and export (which read, hash and store every file) and of
+# import (which writes every file twice, into the store and the workspace).
+INIT_FLOOR = "hash + copy all + os.sync"
+IMPORT_FLOOR = "copy all twice + os.sync"
+
 # The issue's budgets, as printed in the legend.
 TARGET_SAVE_CLEAN = "3x walk"
 TARGET_CHANGE = "3x walk + 1.5x hash changed"
 TARGET_APPLY = "3x walk + 2x copy changed"
 TARGET_COPY = "1.5x copy all"
+TARGET_INIT = "1.5x (%s)" % INIT_FLOOR
+TARGET_IMPORT = "1.5x (%s)" % IMPORT_FLOOR
 TARGET_GIT = "save + 1.5x git snapshot"
 TARGET_IDLE = "2x walk"
 
@@ -544,8 +558,12 @@ class Run:
         self.raw["floors"][key] = {"ms": median, "samples": samples}
         return median
 
-    def base_floors(self, copy_all=None):
-        """Walk, hash all and copy all; copy_all (ms) reuses a twin workspace's copy floor."""
+    def base_floors(self, twin=None, imports=True):
+        """Walk, hash all, copy all and init's floor, plus import's floor if imports.
+
+        A twin (a workspace of the same files) lends its floors that copy every
+        file instead of measuring them again.
+        """
         files = list_files(self.ws.root)
         paths = [p for p, _s in files]
         self.raw["files"] = len(files)
@@ -553,12 +571,16 @@ class Run:
         reps = self.bench.repeats
         self.walk = self.floor("stat walk", lambda: walk_stat(self.ws.root), max(7, reps))
         self.hash_all = self.floor("hash all", lambda: hash_paths(paths), reps)
-        if copy_all is None:
-            self.copy_all = self.copy_floor(paths)
-        else:
-            self.copy_all = copy_all
-            self.raw["floors"]["copy all"] = {"ms": copy_all, "samples": [],
-                                              "from": "medium"}
+        if twin is not None:
+            self.copy_all, self.init_floor = twin.copy_all, twin.init_floor
+            for key in ("copy all", INIT_FLOOR):
+                self.raw["floors"][key] = {"ms": twin.raw["floors"][key]["ms"], "samples": [],
+                                           "from": twin.ws.name}
+            return
+        self.copy_all = self.copy_floor(paths)
+        self.init_floor = self.copies_floor(INIT_FLOOR, paths, 1, hashed=True)
+        if imports:
+            self.import_floor = self.copies_floor(IMPORT_FLOOR, paths, 2, hashed=False)
 
     def copy_floor(self, paths):
         """copy all, and copy all + one os.sync() from the same runs."""
@@ -578,6 +600,25 @@ class Run:
         self.raw["floors"]["copy all + os.sync"] = {"ms": statistics.median(synced),
                                                     "samples": synced}
         return statistics.median(plain)
+
+    def copies_floor(self, key, paths, copies, hashed):
+        """Hash every file if hashed, copy every file into `copies` new directories,
+        then one os.sync(); each run's copies are deleted after it, untimed."""
+        made = []
+
+        def work():
+            if hashed:
+                hash_paths(paths)
+            for _ in range(copies):
+                made.append(self.scratch_dir("copies"))
+                copy_paths(paths, made[-1])
+            sync()
+
+        def clean():
+            while made:
+                remove_tree(made.pop())
+
+        return self.floor(key, work, self.bench.repeats, after=clean)
 
     def scratch_dir(self, tag):
         """A new directory under this run's scratch area (deleted after the run)."""
@@ -693,7 +734,7 @@ class Run:
                                 goal="measure every tool call")
         if result is None:
             return
-        self.row("init", ms, "copy all", self.copy_all, 1.5 * self.copy_all, TARGET_COPY)
+        self.row("init", ms, INIT_FLOOR, self.init_floor, 1.5 * self.init_floor, TARGET_INIT)
         result, ms = self._call(srv, "first save", "tc_save", root=root, title="step one",
                                 conclusion="baseline")
         if result is None:
@@ -848,15 +889,16 @@ class Run:
         os.makedirs(export_to, exist_ok=True)
         result, ms = self._call(srv, "export", "tc_export", root=root, to=export_to)
         if result is not None:
-            self.row("export", ms, "copy all", self.copy_all, 1.5 * self.copy_all, TARGET_COPY)
+            self.row("export", ms, INIT_FLOOR, self.init_floor, 1.5 * self.init_floor,
+                     TARGET_INIT)
             fresh = os.path.join(self.bench.workdir, "import-" + ws.name)
             os.makedirs(fresh, exist_ok=True)
             package = result["path"]
             result, ms = self._call(srv, "import (fresh dir)", "tc_import", root=fresh,
                                     package=package)
             if result is not None:
-                self.row("import (fresh dir)", ms, "copy all", self.copy_all,
-                         1.5 * self.copy_all, TARGET_COPY)
+                self.row("import (fresh dir)", ms, IMPORT_FLOOR, self.import_floor,
+                         1.5 * self.import_floor, TARGET_IMPORT)
             self.bench.discard(export_to)
             self.bench.discard(fresh)
         # Compress: reclaim drift content (first call does the work).
@@ -1035,7 +1077,7 @@ class Bench:
         run = Run(self, ws)
         self.runs["git"] = run
         medium = self.runs.get("medium")
-        run.base_floors(copy_all=medium.copy_all if medium else None)
+        run.base_floors(twin=medium, imports=False)
         index_path = os.path.join(run.scratch, "git-index")
         os.makedirs(run.scratch, exist_ok=True)
         floors = {
