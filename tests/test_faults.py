@@ -477,8 +477,9 @@ class UnreadableFolderTest(WorkspaceTest):
         st = os.lstat(os.path.join(self.root, "docs", "a.txt"))
         records = tc.TaskRecords(self.store, task_id)
         doc = records.read_index()
-        row = doc["files"]["docs/a.txt"]
-        row[:5] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        doc["files"]["docs/a.txt"] = doc["files"]["docs/a.txt"]._replace(
+            size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, ino=st.st_ino,
+            dev=st.st_dev)
         for name in os.listdir(records.directory):
             if name.startswith("index"):
                 os.remove(os.path.join(records.directory, name))
