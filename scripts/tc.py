@@ -2093,15 +2093,40 @@ class ChangedWhileRead(OSError):
         super().__init__(errno.EAGAIN, "it changed while it was read")
 
 
-def check_unchanged(fd, st, count, sha):
+# File times are stamped from a clock that moves in ticks (on Linux the
+# kernel's coarse clock, 1 to 10 ms a tick), so writes within one tick may
+# leave a file's times as they were, and a write begun before a read may
+# still be copying its bytes while the read runs. A file whose times fall
+# within RECENT_NS of a read is read twice (see check_unchanged).
+RECENT_NS = 10_000_000
+
+
+def _times_moved(after, st):
+    return (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
+        st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def check_unchanged(fd, st, count, sha, started_ns):
     """After count bytes hashing to sha were read from the open file fd:
     raise ChangedWhileRead when its size, mtime or ctime moved since st
     (its fstat before the read), unless it only grew and still begins with
     those bytes. That is a file appended to, such as a log: what was read
-    is a state it had."""
+    is a state it had.
+
+    started_ns: time.time_ns() as the read began. A file changed within
+    RECENT_NS of that moment may have been written during the read with
+    its times left as they were: its bytes are read once more, and must
+    hash the same, so what was read is a state it had. Only files changed
+    just before they are read pay for the second read."""
+    if not _times_moved(os.fstat(fd), st):
+        changed_at = max(st.st_mtime_ns, st.st_ctime_ns)
+        if started_ns - RECENT_NS <= changed_at <= started_ns + RECENT_NS:
+            if _prefix_sha(fd, count) != sha:
+                raise ChangedWhileRead()
+        else:
+            return
     after = os.fstat(fd)
-    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (
-            st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+    if not _times_moved(after, st):
         return
     if st.st_size <= count <= after.st_size and _prefix_sha(fd, count) == sha:
         return
@@ -2126,6 +2151,7 @@ def hash_file(path, *, within=None, seen=None, whole=False):
     digest = hashlib.sha256()
     total = 0
     fh, st = open_regular(path)
+    started = time.time_ns()
     with fh:
         if within is not None:
             opened_within(fh.fd, st, seen, within, path)
@@ -2133,7 +2159,7 @@ def hash_file(path, *, within=None, seen=None, whole=False):
             digest.update(block)
             total += len(block)
         if whole:
-            check_unchanged(fh.fd, st, total, digest.hexdigest())
+            check_unchanged(fh.fd, st, total, digest.hexdigest(), started)
     return digest.hexdigest(), total
 
 
@@ -2382,6 +2408,7 @@ class PayloadStore:
         hashing, so memory does not grow with file size.
         """
         fh, st = open_regular(src)
+        started = time.time_ns()
         with fh:
             if within is not None:
                 opened_within(fh.fd, st, seen, within, src)
@@ -2390,14 +2417,14 @@ class PayloadStore:
                 data = fh.read_all(st.st_size)
                 sha = hashlib.sha256(data).hexdigest()
                 if whole:
-                    check_unchanged(fh.fd, st, len(data), sha)
+                    check_unchanged(fh.fd, st, len(data), sha, started)
                 try:
                     written = self._write_bytes(sha, data)  # None when already stored
                 except OSError as exc:
                     raise self.unwritable(exc) from None
                 return sha, len(data), mode, written
             sha, size, written = self._stream_in(
-                fh, check=(lambda count, sha: check_unchanged(fh.fd, st, count, sha))
+                fh, check=(lambda count, sha: check_unchanged(fh.fd, st, count, sha, started))
                 if whole else None)
             return sha, size, mode, written
 
