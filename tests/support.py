@@ -282,6 +282,24 @@ def read(root, rel):
         return fh.read()
 
 
+def sha(data):
+    """The sha256 of data in hex: the name the store gives that content."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def paths_of(items):
+    """The set of paths in a list of plain paths or of {"path": ...} entries
+    (a restore plan, skipped_paths, a package's files); None counts as empty."""
+    return {item if isinstance(item, str) else item.get("path") for item in items or ()}
+
+
+def head_index(head):
+    """The step number a head value names (a number, or {"index": n}), else None."""
+    if isinstance(head, dict):
+        head = head.get("index")
+    return head if isinstance(head, int) and not isinstance(head, bool) else None
+
+
 def snapshot(root, skip=(".checkpoints", ".git")):
     """{relative path: (bytes, mode bits)} of every regular file under root."""
     out = {}

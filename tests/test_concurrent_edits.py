@@ -8,7 +8,6 @@ the next scan. Here the other program writes right after the journal is on
 disk, through the real Journal.begin, so the moment is always the same.
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -16,14 +15,10 @@ import sys
 import unittest
 
 import support
-from support import WorkspaceTest
+from support import WorkspaceTest, sha
 
 sys.path.insert(0, support.SCRIPTS)
 import tc  # noqa: E402
-
-
-def sha(data):
-    return hashlib.sha256(data).hexdigest()
 
 
 class EditsWhileWriting(WorkspaceTest):

@@ -15,8 +15,8 @@ import threading
 import time
 import unittest
 
-from support import (SCRIPTS, WorkspaceTest, can_symlink, drift_key, drift_paths, snapshot, stored_shas,
-                     tree_listing, unnamed_payloads)
+from support import (SCRIPTS, WorkspaceTest, can_symlink, drift_key, drift_paths, paths_of, snapshot,
+                     stored_shas, tree_listing, unnamed_payloads)
 
 # Short ticks keep the suite fast; the behaviour is the same at any interval.
 TICK = 0.25
@@ -36,11 +36,6 @@ def wait_for(predicate, timeout, interval=0.2):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
-
-
-def entry_paths(entries):
-    """Paths out of a list of plain strings or {path: ...} objects."""
-    return {e if isinstance(e, str) else e.get("path") for e in entries}
 
 
 def all_drifts(srv, root):
@@ -346,10 +341,10 @@ class DriftRestoreTest(WorkspaceTest):
         plan = preview["plan"]
         for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
             self.assertIn(key, plan)
-        self.assertIn("extra.txt", entry_paths(plan["to_delete"]))
-        self.assertIn("sub/c.txt", entry_paths(plan["to_write"]))
-        self.assertTrue({"a.txt", "bin.dat"} <= entry_paths(plan["to_replace"]), plan)
-        self.assertNotIn("run.sh", entry_paths(plan["to_replace"]) | entry_paths(plan["to_write"]))
+        self.assertIn("extra.txt", paths_of(plan["to_delete"]))
+        self.assertIn("sub/c.txt", paths_of(plan["to_write"]))
+        self.assertTrue({"a.txt", "bin.dat"} <= paths_of(plan["to_replace"]), plan)
+        self.assertNotIn("run.sh", paths_of(plan["to_replace"]) | paths_of(plan["to_write"]))
 
         done = srv.ok("tc_restore", root=self.root, drift_id=drift, apply=True)
         self.assertIs(done["applied"], True)

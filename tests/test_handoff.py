@@ -19,7 +19,7 @@ import time
 import unittest
 
 from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, keeps_mode_bits,
-                     path_max, read, snapshot, tree_listing, write)
+                     path_max, paths_of, read, snapshot, tree_listing, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -35,11 +35,6 @@ def note_of(store, package):
     with open(note, "w") as fh:
         json.dump({"tmp": package}, fh)
     return note
-
-
-def entry_paths(entries):
-    """Paths out of a list of plain strings or {path: ...} objects."""
-    return {e if isinstance(e, str) else e.get("path") for e in entries}
 
 
 def workspace_state(root):
@@ -234,8 +229,8 @@ class ExportImportTest(HandoffBase):
         package = os.path.join(out, task_id + "-handoff")
         self.assertEqual(res["path"], package)
         self.assertTrue(os.path.isdir(package))
-        self.assertEqual(entry_paths(res["files"]), set(files))
-        self.assertTrue(sensitive <= entry_paths(res["filtered"]), res["filtered"])
+        self.assertEqual(paths_of(res["files"]), set(files))
+        self.assertTrue(sensitive <= paths_of(res["filtered"]), res["filtered"])
         for rel in package_files(package):
             self.assertNotIn(os.path.basename(rel), {".env", "prod_credentials.json", "id_rsa"})
             path = os.path.join(package, rel)
@@ -306,7 +301,7 @@ class ExportImportTest(HandoffBase):
         self.write("src/new.py", "x = 1\n")
         res = self.export(srv)
         self.assertEqual(res["changed_since_step"], ["src/app.py", "src/new.py"])
-        self.assertEqual(entry_paths(res["files"]), set(files))
+        self.assertEqual(paths_of(res["files"]), set(files))
         with open(content_copy(res["path"], "src/app.py"), "rb") as fh:
             self.assertEqual(fh.read(), files["src/app.py"], "the package holds the step")
         with open(os.path.join(res["path"], "HANDOFF.md"), encoding="utf-8") as fh:
@@ -328,14 +323,14 @@ class ExportImportTest(HandoffBase):
         restored = srv.ok("tc_restore", root=self.root, drift_id="d0001", apply=True)
         self.assertEqual(restored["plan"]["unrestorable"][0]["path"], ".env")
         res = self.export(srv)
-        self.assertEqual((entry_paths(res["files"]), res["changed_since_step"]), ({"a.txt"}, []))
+        self.assertEqual((paths_of(res["files"]), res["changed_since_step"]), ({"a.txt"}, []))
         with open(content_copy(res["path"], "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), b"zero\n")
         other = os.path.join(self.other_dir(), "ws")
         os.makedirs(other)
         srv.ok("tc_import", root=other, package=res["path"])
         again = self.export(srv, root=other)
-        self.assertEqual((entry_paths(again["files"]), again["changed_since_step"]),
+        self.assertEqual((paths_of(again["files"]), again["changed_since_step"]),
                          ({"a.txt"}, []))
 
     def test_export_destination_must_be_an_existing_absolute_directory(self):

@@ -18,7 +18,8 @@ import sys
 import time
 import unittest
 
-from support import SCRIPTS, WorkspaceTest, can_symlink, keeps_mode_bits, path_max, snapshot, write
+from support import (SCRIPTS, WorkspaceTest, can_symlink, head_index, keeps_mode_bits, path_max,
+                     paths_of, snapshot, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -28,34 +29,6 @@ DRIFT_ID = re.compile(r"^d\d{4,}$")
 # Files whose contents are bookkeeping rather than records: a log line or a
 # lock owner written by a read-only call is not a change to the store.
 NOT_RECORDS = ("server.log", "state.lock")
-
-
-def paths_of(items):
-    """Plan and skipped entries may be plain paths or objects with a path."""
-    out = set()
-    for item in items or []:
-        if isinstance(item, str):
-            out.add(item)
-        elif isinstance(item, dict):
-            out.add(item.get("path"))
-    return out
-
-
-def head_index(head):
-    """The step number a `head` value points at, whatever its shape."""
-    if isinstance(head, bool):
-        return None
-    if isinstance(head, int):
-        return head
-    if isinstance(head, dict):
-        for key in ("index", "step"):
-            if isinstance(head.get(key), int):
-                return head[key]
-    if isinstance(head, str):
-        match = re.search(r"(\d+)$", head)
-        if match:
-            return int(match.group(1))
-    return None
 
 
 def fingerprint(top):

@@ -1,6 +1,5 @@
 """Regression tests for defects found in review: data loss, contract gaps, robustness."""
 
-import hashlib
 import json
 import os
 import select
@@ -11,14 +10,10 @@ import threading
 import time
 import unittest
 
-from support import SCRIPTS, WorkspaceTest, can_symlink, make_git_repo, git, write, read
+from support import SCRIPTS, WorkspaceTest, can_symlink, make_git_repo, git, sha, write, read
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
-
-
-def sha(data):
-    return hashlib.sha256(data).hexdigest()
 
 
 def make_package(directory, task_id, files, step=None):

@@ -15,7 +15,7 @@ import tempfile
 import unittest
 
 import support
-from support import Server, WorkspaceTest, snapshot, tree_listing, write
+from support import Server, WorkspaceTest, head_index, paths_of, snapshot, tree_listing, write
 
 # The result fields the contract promises for each tool ("all present").
 CONTRACT_RESULTS = {
@@ -132,26 +132,6 @@ class SchemaCheckerTest(unittest.TestCase):
 
 
 # ---------------------------------------------------------------- helpers
-def paths_of(items):
-    """Path strings from a list of strings or of objects with a `path` field."""
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, dict):
-            for key in ("path", "rel", "file", "name"):
-                if isinstance(item.get(key), str):
-                    out.append(item[key])
-                    break
-    return out
-
-
-def head_index(head):
-    if isinstance(head, dict):
-        return head.get("index")
-    return head
-
-
 def drift_ids(drifts):
     out = []
     for d in drifts:
@@ -814,7 +794,7 @@ class OtherToolsTest(ToolsTest):
         for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
             self.assertIsInstance(plan[key], list)
         self.assertIn("b.txt", paths_of(plan["to_delete"]))
-        self.assertIn("a.txt", paths_of(plan["to_replace"]) + paths_of(plan["to_write"]))
+        self.assertIn("a.txt", paths_of(plan["to_replace"]) | paths_of(plan["to_write"]))
         applied = self.ok("tc_restore", root=self.root, index=1, apply=True)
         self.assertIs(applied["applied"], True)
         self.assertRegex(applied["recovered"], DRIFT_ID)
