@@ -8,6 +8,7 @@ on stdin, one response line per request on stdout.
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import stat
@@ -467,3 +468,76 @@ class WorkspaceTest(unittest.TestCase):
     @property
     def store(self):
         return os.path.join(self.root, ".checkpoints")
+
+
+# Tests that kill servers at random moments (tests/test_crash.py,
+# tests/test_rollback.py) draw those moments and their files from one seed:
+# set CRASH_SEED to replay a run; every failure message names the seed in use.
+CRASH_SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
+
+
+def fill_workspace(root, rng, files=300, dirs=12, big=2, big_size=512 * 1024):
+    """A workspace that takes a save a noticeable moment: many files, a few MB."""
+    names = []
+    for i in range(files):
+        rel = "d%02d/sub%d/f%03d.dat" % (i % dirs, i % 3, i)
+        names.append(rel)
+    for i in range(big):
+        names.append("big/b%d.bin" % i)
+    for rel in names:
+        size = big_size if rel.startswith("big/") else rng.randrange(2000, 14000)
+        write(root, rel, rng.randbytes(size))
+    return names
+
+
+def mutate(root, rng, names, tag, share=0.15):
+    """Rewrite a share of the files, delete a few, add a few (none saved)."""
+    for rel in rng.sample(names, int(len(names) * share)):
+        write(root, rel, rng.randbytes(rng.randrange(1000, 9000)))
+    for rel in rng.sample(names, 3):
+        path = os.path.join(root, *rel.split("/"))
+        if os.path.exists(path):
+            os.remove(path)
+    for i in range(3):
+        rel = "new/%s/n%d.txt" % (tag, i)
+        write(root, rel, ("%s %d %s\n" % (tag, i, rng.random())).encode())
+        names.append(rel)
+
+
+def send(srv, name, /, **arguments):
+    """Send a tools/call without waiting for its answer; returns its id."""
+    srv._id += 1
+    msg = {"jsonrpc": "2.0", "id": srv._id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}}
+    srv.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
+    return srv._id
+
+
+def kill_and_collect(srv, request_id):
+    """SIGKILL now; return the answer to request_id if it was already written."""
+    srv.proc.kill()
+    srv.proc.wait()
+    rest = srv.proc.stdout.read()
+    try:
+        srv.proc.stdin.close()
+    except OSError:
+        pass
+    srv.close()
+    for line in rest.splitlines():
+        try:
+            msg = json.loads(line.decode("utf-8"))
+        except ValueError:
+            continue
+        if msg.get("id") == request_id:
+            return msg
+    return None
+
+
+class SeededTest(WorkspaceTest):
+    """A workspace test with self.rng seeded from CRASH_SEED, and
+    self.seed_note to put in its failure messages."""
+
+    def setUp(self):
+        super().setUp()
+        self.rng = random.Random(CRASH_SEED)
+        self.seed_note = "CRASH_SEED=%d" % CRASH_SEED

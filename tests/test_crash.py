@@ -14,88 +14,15 @@ message.
 import hashlib
 import json
 import os
-import random
 import shutil
 import time
 import unittest
 
-from support import WorkspaceTest, snapshot, store_problems, stored_shas, unnamed_payloads
-
-SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
-
-
-def fill_workspace(root, rng, files=300, dirs=12, big=2, big_size=512 * 1024):
-    """A workspace that takes a save a noticeable moment: many files, a few MB."""
-    names = []
-    for i in range(files):
-        rel = "d%02d/sub%d/f%03d.dat" % (i % dirs, i % 3, i)
-        names.append(rel)
-    for i in range(big):
-        names.append("big/b%d.bin" % i)
-    for rel in names:
-        size = big_size if rel.startswith("big/") else rng.randrange(2000, 14000)
-        write_bytes(root, rel, rng.randbytes(size))
-    return names
+from support import (SeededTest, fill_workspace, kill_and_collect, mutate, send, snapshot,
+                     store_problems, stored_shas, unnamed_payloads, write)
 
 
-def write_bytes(root, rel, data, mode=None):
-    path = os.path.join(root, *rel.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(data)
-    if mode is not None:
-        os.chmod(path, mode)
-
-
-def mutate(root, rng, names, tag, share=0.15):
-    """Rewrite a share of the files, delete a few, add a few (none saved)."""
-    for rel in rng.sample(names, int(len(names) * share)):
-        write_bytes(root, rel, rng.randbytes(rng.randrange(1000, 9000)))
-    for rel in rng.sample(names, 3):
-        path = os.path.join(root, *rel.split("/"))
-        if os.path.exists(path):
-            os.remove(path)
-    for i in range(3):
-        rel = "new/%s/n%d.txt" % (tag, i)
-        write_bytes(root, rel, ("%s %d %s\n" % (tag, i, rng.random())).encode())
-        names.append(rel)
-
-
-def send(srv, name, /, **arguments):
-    """Send a tools/call without waiting for its answer; returns its id."""
-    srv._id += 1
-    msg = {"jsonrpc": "2.0", "id": srv._id, "method": "tools/call",
-           "params": {"name": name, "arguments": arguments}}
-    srv.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
-    return srv._id
-
-
-def kill_and_collect(srv, request_id):
-    """SIGKILL now; return the answer to request_id if it was already written."""
-    srv.proc.kill()
-    srv.proc.wait()
-    rest = srv.proc.stdout.read()
-    try:
-        srv.proc.stdin.close()
-    except OSError:
-        pass
-    srv.close()
-    for line in rest.splitlines():
-        try:
-            msg = json.loads(line.decode("utf-8"))
-        except ValueError:
-            continue
-        if msg.get("id") == request_id:
-            return msg
-    return None
-
-
-class CrashTest(WorkspaceTest):
-
-    def setUp(self):
-        super().setUp()
-        self.rng = random.Random(SEED)
-        self.seed_note = "CRASH_SEED=%d" % SEED
+class CrashTest(SeededTest):
 
     def save_args(self, title):
         return dict(root=self.root, title=title, conclusion="reached " + title,
@@ -212,8 +139,8 @@ class KillDuringInit(CrashTest):
         # The narrow window itself: an init that died after its first record
         # but before its state, as a dead writer leaves it (marker included).
         orphan = os.path.join(self.store, "tasks", "dead-init-0a0b0c")
-        write_bytes(orphan, "manifest/m0001.json", b'{"n": 1, "full": true, "depth": 0, "files": {}}')
-        write_bytes(self.store, "writing", b"")
+        write(orphan, "manifest/m0001.json", b'{"n": 1, "full": true, "depth": 0, "files": {}}')
+        write(self.store, "writing", b"")
         after = self.server()
         self.check_store(after)
         self.assertFalse(os.path.exists(orphan), "a half-made task directory was kept")
@@ -300,7 +227,7 @@ class KilledSaveContent(CrashTest):
         known = snapshot(self.root)
         before = set(stored_shas(self.store))
         for rel in names:  # every file gets content the store has never seen
-            write_bytes(self.root, rel, self.rng.randbytes(self.rng.randrange(2000, 9000)))
+            write(self.root, rel, self.rng.randbytes(self.rng.randrange(2000, 9000)))
         request_id = send(srv, "tc_save", **self.save_args("killed"))
         deadline = time.monotonic() + 30
         while len(set(stored_shas(self.store)) - before) < 20 and time.monotonic() < deadline:
@@ -328,7 +255,7 @@ class KilledSaveContent(CrashTest):
         self.assertTrue(snapshot(self.root) == known, "step 1 does not restore byte-exact")
         # The save goes through now, with its content stored again.
         for rel in names[:50]:
-            write_bytes(self.root, rel, self.rng.randbytes(3000))
+            write(self.root, rel, self.rng.randbytes(3000))
         again = srv.ok("tc_save", **self.save_args("after the kill"))
         state = snapshot(self.root)
         srv.ok("tc_restore", root=self.root, index=1, apply=True)
@@ -343,11 +270,11 @@ class TornRecords(CrashTest):
         # What a power cut can leave after a save's records were written but
         # before they were flushed and the state pointed at them: names whose
         # bytes are missing or cut short, and the store's "writing" marker.
-        write_bytes(self.root, "a.txt", b"one\n")
+        write(self.root, "a.txt", b"one\n")
         srv = self.server()
         task = srv.ok("tc_init", root=self.root, name="torn")["task_id"]
         srv.ok("tc_save", **self.save_args("one"))
-        write_bytes(self.root, "a.txt", b"two\n")
+        write(self.root, "a.txt", b"two\n")
         srv.ok("tc_save", **self.save_args("two"))
         srv.close()
         task_dir = os.path.join(self.store, "tasks", task)
@@ -363,7 +290,7 @@ class TornRecords(CrashTest):
             pass
 
         srv = self.server()
-        write_bytes(self.root, "a.txt", b"three\n")
+        write(self.root, "a.txt", b"three\n")
         third = srv.ok("tc_save", **self.save_args("three"))
         self.assertEqual(third["index"], 3)
         self.assertEqual(self.step_indices(srv), [1, 2, 3])
@@ -380,7 +307,7 @@ class TornRecords(CrashTest):
         # Stored content is written straight to its final name. A writer
         # killed midway leaves it short, with the "writing" marker; the next
         # server must not take that file for the content its name promises.
-        write_bytes(self.root, "a.txt", b"one\n")
+        write(self.root, "a.txt", b"one\n")
         srv = self.server()
         srv.ok("tc_init", root=self.root, name="short payload")
         srv.ok("tc_save", **self.save_args("one"))
@@ -388,21 +315,21 @@ class TornRecords(CrashTest):
         coming = b"the content of the next save\n" * 50
         sha = hashlib.sha256(coming).hexdigest()
         short = os.path.join(self.store, "payload", sha[:2], sha)
-        write_bytes(self.store, "writing", b"")
-        write_bytes(os.path.dirname(short), sha, coming[:100])
+        write(self.store, "writing", b"")
+        write(os.path.dirname(short), sha, coming[:100])
         older = os.path.join(self.store, "payload", "ab", "ab" + "0" * 62)
-        write_bytes(os.path.dirname(older), os.path.basename(older), b"not this content")
+        write(os.path.dirname(older), os.path.basename(older), b"not this content")
         os.utime(older, ns=(1, 1))  # written long before the marker: not looked at
 
         srv = self.server()
-        write_bytes(self.root, "a.txt", coming)
+        write(self.root, "a.txt", coming)
         srv.ok("tc_save", **self.save_args("two"))
         with open(short, "rb") as fh:
             self.assertEqual(fh.read(), coming, "the short copy was kept")
         self.assertTrue(os.path.exists(older))
         os.remove(older)
         self.check_store(srv)
-        write_bytes(self.root, "a.txt", b"three\n")
+        write(self.root, "a.txt", b"three\n")
         srv.ok("tc_restore", root=self.root, index=2, apply=True)
         with open(os.path.join(self.root, "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), coming)
@@ -435,9 +362,9 @@ class KillDuringRestore(CrashTest):
         for round_no in range(4):
             target = 1 if base == 2 else 2
             mutate(self.root, self.rng, names, "u%d" % round_no, share=0.1)
-            write_bytes(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)
+            write(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)
             for i in range(250):
-                write_bytes(self.root, "scratch/r%d/%03d.txt" % (round_no, i), os.urandom(40))
+                write(self.root, "scratch/r%d/%03d.txt" % (round_no, i), os.urandom(40))
             before = snapshot(self.root)
             request_id = send(srv, "tc_restore", root=self.root, index=target, apply=True)
             delay = self.rng.uniform(0, took * 1.5)
@@ -616,9 +543,9 @@ class RollbackMeetsATakenPath(CrashTest):
         victim = os.path.join(self.root, *first.split("/"))
         if os.path.exists(victim):
             os.remove(victim)
-        write_bytes(victim, "mine.txt", b"made after the crash\n")
+        write(victim, "mine.txt", b"made after the crash\n")
         shutil.rmtree(os.path.join(self.root, *folder.split("/")))
-        write_bytes(self.root, folder, b"a file where a folder was\n")
+        write(self.root, folder, b"a file where a folder was\n")
         taken = {rel for rel in undo if rel == first or rel.startswith(folder + "/")}
 
         srv = self.server()
@@ -656,7 +583,7 @@ class EditsAfterTheCrash(CrashTest):
         edits = {rel: ("edited after the crash: %s\n" % rel).encode()
                  for rel in (replaced[0], deleted, written)}
         for rel, data in edits.items():
-            write_bytes(self.root, rel, data)
+            write(self.root, rel, data)
         # One edited past what is ever stored (sparse: no room taken) stays as it is.
         huge = os.path.join(self.root, *replaced[1].split("/"))
         os.truncate(huge, 101 * 1024 * 1024)
@@ -690,17 +617,17 @@ class KeptContentOutlivesCompress(CrashTest):
         victim = names[0]
         precious = b"unsaved, and soon only in the store\n"
         # The same bytes once recorded for another path, in a drift compress may reclaim.
-        write_bytes(self.root, "twin.txt", precious)
+        write(self.root, "twin.txt", precious)
         srv.ok("tc_capture", root=self.root)
-        write_bytes(self.root, "twin.txt", b"changed since\n")
+        write(self.root, "twin.txt", b"changed since\n")
         srv.ok("tc_capture", root=self.root)
-        write_bytes(self.root, victim, precious)  # recorded by no drift
+        write(self.root, victim, precious)  # recorded by no drift
         journal_base = os.path.join(self.store, "journal")
         self.interrupted_restore(srv, self.root, journal_base)
         full = os.path.join(self.root, *victim.split("/"))
         if os.path.exists(full):
             os.remove(full)
-        write_bytes(full, "mine.txt", b"a folder made after the crash\n")
+        write(full, "mine.txt", b"a folder made after the crash\n")
         srv = self.server()
         srv.ok("tc_save", root=self.root, title="two")
         srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0, maximum=0)
@@ -720,7 +647,7 @@ class RollbackThroughTheRestoresOwnFolders(CrashTest):
         for part in nested.split("/")[:-1]:  # one at a time: os.makedirs recurses
             folder = os.path.join(folder, part)
             os.mkdir(folder)
-        write_bytes(self.root, nested, b"in step one\n")
+        write(self.root, nested, b"in step one\n")
         srv = self.server()
         srv.ok("tc_init", root=self.root, name="nested")
         srv.ok("tc_save", root=self.root, title="one")
@@ -729,7 +656,7 @@ class RollbackThroughTheRestoresOwnFolders(CrashTest):
         os.remove(os.path.join(self.root, *nested.split("/")))
         for folder in reversed(folders):  # deepest first (shutil.rmtree recurses)
             os.rmdir(folder)
-        write_bytes(self.root, "a", b"unsaved edits in a file named a\n")
+        write(self.root, "a", b"unsaved edits in a file named a\n")
         mutate(self.root, self.rng, names, "unsaved", share=0.9)
         before = snapshot(self.root)
         deepest = os.path.join(self.root, *nested.split("/"))
@@ -762,7 +689,7 @@ class RollbackThroughTheRestoresOwnFolders(CrashTest):
         before = self.interrupted_over_a_file("a/x/y.txt")
         for n in range(10):
             os.mkdir(os.path.join(self.root, "a", "e%d" % n))
-        write_bytes(self.root, "a/x/notes.txt", b"made after the crash\n")
+        write(self.root, "a/x/notes.txt", b"made after the crash\n")
         self.roll_back()
         self.assertEqual(sorted(os.listdir(os.path.join(self.root, "a"))),
                          ["e%d" % n for n in range(10)] + ["x"])
