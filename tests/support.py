@@ -21,6 +21,9 @@ import unittest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.path.join(REPO, "scripts", "tc_mcp.py")
 SCRIPTS = os.path.join(REPO, "scripts")
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402  (the core, for the harnesses that drive it in-process)
+
 # How the tests start the server. It is standard library only, so it runs
 # without the site module: no site-packages, no .pth files. That keeps any
 # installed package from being picked up by mistake, and skips a start-up
@@ -541,3 +544,66 @@ class SeededTest(WorkspaceTest):
         super().setUp()
         self.rng = random.Random(CRASH_SEED)
         self.seed_note = "CRASH_SEED=%d" % CRASH_SEED
+
+
+class EditedMeanwhileTest(WorkspaceTest):
+    """A core instance on the workspace (self.cp), two steps to restore
+    between, and another program that writes at a fixed moment: right after a
+    restore's or an import's journal reaches the disk, through the real
+    Journal.begin."""
+
+    def setUp(self):
+        super().setUp()
+        self.cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+
+    def edit_once_the_journal_is_written(self, edits):
+        """edits: {rel: bytes, or None to delete} written right after the
+        next journal's plan reaches the disk."""
+        original = tc.Journal.begin
+
+        def begin(journal, *args, **kwargs):
+            result = original(journal, *args, **kwargs)
+            tc.Journal.begin = original
+            for rel, data in edits.items():
+                if data is None:
+                    os.remove(os.path.join(self.root, rel))
+                else:
+                    self.write(rel, data)
+            return result
+
+        tc.Journal.begin = begin
+        self.addCleanup(setattr, tc.Journal, "begin", original)
+
+    def folder_then_file(self, inside, file_text=None):
+        """Step 1 holds the file inside (x/inside.txt) and plain.txt; at
+        step 2 inside's folder is gone, a file in its place when file_text
+        is given, and plain.txt is longer."""
+        folder = inside.rsplit("/", 1)[0]
+        self.write(inside, "in the folder at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "shapes")
+        self.cp.save(self.root, "one")
+        os.remove(os.path.join(self.root, *inside.split("/")))
+        os.rmdir(os.path.join(self.root, folder))
+        if file_text is not None:
+            self.write(folder, file_text)
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+
+    def two_steps(self):
+        """Step 1 and step 2 differ in replaced.txt, deleted.txt (only in
+        step 2) and written.txt (only in step 1); plain.txt too."""
+        self.write("replaced.txt", "replaced at step 1\n")
+        self.write("written.txt", "only at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "edits")
+        self.cp.save(self.root, "one")
+        self.write("replaced.txt", "replaced at step 2, longer\n")
+        os.remove(os.path.join(self.root, "written.txt"))
+        self.write("deleted.txt", "only at step 2\n")
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+
+    def step_files(self, index):
+        shown = self.cp.show(self.root, index=index, limit=200)["steps"][0]["files"]
+        return {f["path"]: f["sha256"] for f in shown}

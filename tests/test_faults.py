@@ -558,7 +558,6 @@ class UnprivilegedServerTest(WorkspaceTest):
         self.write("a.txt", "two\n")  # a real change is still reported
         self.assertEqual(srv.ok("tc_resume", root=self.root)["drift_paths"], ["a.txt"])
 
-
     @unittest.skipUnless(keeps_mode_bits(), "needs permission bits that stop a write")
     def test_a_restore_refused_by_a_folder_names_the_whole_path(self):
         self.write("lk/in/kept.txt", "one\n")
@@ -751,52 +750,6 @@ class RemoveFileTest(unittest.TestCase):
         self.assertTrue(os.path.exists(path))
         self.assertFalse(tc.remove_file(os.path.join(folder, "never-there")))
         self.assertTrue(tc.remove_file(path))
-
-
-class KeptListTest(unittest.TestCase):
-
-    def test_a_rollback_run_again_adds_to_what_its_first_run_kept(self):
-        store_dir = tempfile.mkdtemp(prefix="tc-kept-")
-        self.addCleanup(shutil.rmtree, store_dir, True)
-        store = tc.Store(store_dir, lambda line: None)
-        data = {"op": "restore", "op_id": "restore-1-abcd", "root": "/nowhere"}
-        one, two, three = ("%064x" % n for n in (1, 2, 3))
-        tc._write_kept(store, data, {}, {"a.txt": [one, 0o644]})  # a first run, cut short
-        tc._write_kept(store, data, {"b.txt": [two, 0o644]}, {"c.txt": [three, 0o600]})
-        with open(os.path.join(store_dir, "kept", "restore-1-abcd.json"), encoding="utf-8") as fh:
-            doc = json.load(fh)
-        self.assertEqual(doc["files"], {"b.txt": [two, 0o644]})
-        self.assertEqual(doc["edited"], {"a.txt": [one, 0o644], "c.txt": [three, 0o600]})
-
-
-class RollbackLogTest(unittest.TestCase):
-
-    def test_a_rollback_that_keeps_failing_is_logged_once(self):
-        store_dir = tempfile.mkdtemp(prefix="tc-rollback-")
-        self.addCleanup(shutil.rmtree, store_dir, True)
-        journal = os.path.join(store_dir, "journal", "restore-1-abcd")
-        os.makedirs(journal)
-        # The record to put back is now a folder: writing it back fails each time.
-        os.makedirs(os.path.join(store_dir, "tasks", "t", "state.json", "inside"))
-        write(journal, "backup-0", "{}")
-        plan = {"op": "restore", "op_id": "restore-1-abcd", "root": store_dir, "entries": [],
-                "created_dirs": [], "store_new": [], "store_new_dirs": [],
-                "store_backup": {"tasks/t/state.json": "backup-0"}, "payloads_new": []}
-        write(journal, "plan.json", json.dumps(plan))
-        lines = []
-        store = tc.Store(store_dir, lines.append)
-        for _ in range(5):
-            with store.lock:
-                pass
-        failures = [line for line in lines if "failed" in line]
-        self.assertEqual(len(failures), 1, lines)
-        self.assertEqual(len(lines), 2, lines)
-        os.rmdir(os.path.join(store_dir, "tasks", "t", "state.json", "inside"))
-        os.rmdir(os.path.join(store_dir, "tasks", "t", "state.json"))
-        with store.lock:
-            pass
-        self.assertFalse(os.path.exists(journal))
-        self.assertIn("after all", lines[-1])
 
 
 if __name__ == "__main__":
