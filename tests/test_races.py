@@ -1,19 +1,22 @@
-"""Edits another program makes while a restore or an import runs.
+"""Other programs writing files while an operation runs.
 
-A restore or an import plans from a snapshot, secures the undo content and
-writes its journal before it touches the workspace. Whatever writes a file
-after that (an editor, a formatter, the agent's own shell) must not lose its
-bytes: such a file is left as it is, reported in skipped_paths, and read by
-the next scan. Here the other program writes right after the journal is on
-disk, through the real Journal.begin, so the moment is always the same.
+A save reads files that an editor, a formatter or the agent's own shell may
+be rewriting at that moment; a restore or an import writes files that they
+may write too. A step holds only states a file really had. A file written
+after a restore's or an import's journal reached the disk keeps the other
+program's bytes: it is left as it is, reported in skipped_paths, and read by
+the next scan. Where the moment matters the other program is a hook on the
+real code path (here right after Journal.begin wrote the journal), so it is
+always the same; elsewhere a thread races the real server.
 """
 
 import os
 import sys
+import threading
 import unittest
 
 import support
-from support import EditedMeanwhileTest, sha
+from support import EditedMeanwhileTest, WorkspaceTest, sha
 
 sys.path.insert(0, support.SCRIPTS)
 import tc  # noqa: E402
@@ -129,6 +132,86 @@ class EditsWhileWriting(EditedMeanwhileTest):
         resumed = self.cp.resume(other)
         self.assertEqual(sorted(resumed["drift_paths"]), ["deleted.txt", "replaced.txt"])
         self.root = theirs
+
+
+class ChangingWhileReadTest(WorkspaceTest):
+    """A file rewritten while a save reads it: each step must hold a state
+    the file really had, never the first part of one version joined to the
+    rest of the next."""
+
+    server_env = {"TC_WATCH": "off"}
+    SIZE = 4 << 20
+
+    def test_a_step_never_holds_a_mix_of_two_versions(self):
+        path = os.path.join(self.root, "big.bin")
+        with open(path, "wb") as fh:
+            fh.write(b"A" * self.SIZE)
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="torn")
+        stop = threading.Event()
+
+        def rewrite():
+            letter = 0
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                while not stop.is_set():
+                    block = bytes([ord("B") + letter % 20]) * (256 << 10)
+                    for offset in range(0, self.SIZE, len(block)):
+                        os.pwrite(fd, block, offset)
+                    letter += 1
+            finally:
+                os.close(fd)
+
+        writer = threading.Thread(target=rewrite)
+        writer.start()
+        try:
+            steps = [srv.ok("tc_save", root=self.root, title="save %d" % number)["index"]
+                     for number in range(8)]
+        finally:
+            stop.set()
+            writer.join()
+        for index in steps:
+            srv.ok("tc_restore", root=self.root, index=index, apply=True)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            self.assertEqual(len(data), self.SIZE)
+            self.assertEqual(data.count(data[:1]), self.SIZE,
+                             "step %d holds a mix of versions: %r" % (index, sorted(set(data))))
+
+    def test_a_file_appended_to_while_it_is_read_is_recorded(self):
+        path = os.path.join(self.root, "train.log")
+        with open(path, "wb") as fh:
+            fh.write(b"warming up\n" * (self.SIZE // 11))
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="log")
+        stop = threading.Event()
+
+        def append():
+            number = 0
+            with open(path, "ab", buffering=0) as fh:
+                while not stop.is_set():
+                    fh.write(b"epoch %d loss 0.%04d\n" % (number, number % 9973))
+                    number += 1
+                    stop.wait(0.001)
+
+        writer = threading.Thread(target=append)
+        writer.start()
+        try:
+            saves = [srv.ok("tc_save", root=self.root, title="save %d" % n) for n in range(4)]
+        finally:
+            stop.set()
+            writer.join()
+        with open(path, "rb") as fh:
+            final = fh.read()
+        for saved in saves:
+            self.assertNotIn("train.log", [p["path"] for p in saved["skipped_paths"]], saved)
+        for saved in saves:
+            srv.ok("tc_restore", root=self.root, index=saved["index"], apply=True)
+            with open(path, "rb") as fh:
+                held = fh.read()
+            self.assertGreaterEqual(len(held), self.SIZE // 11 * 11)
+            self.assertTrue(final.startswith(held), "step %d is no state the log had"
+                            % saved["index"])
 
 
 if __name__ == "__main__":
