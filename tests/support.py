@@ -319,6 +319,11 @@ def snapshot(root, skip=(".checkpoints", ".git")):
     return out
 
 
+def file_bytes(root):
+    """{relative path: bytes} of every regular file under root, the store and .git left out."""
+    return {k: v[0] for k, v in snapshot(root).items()}
+
+
 def tree_listing(root):
     """Every path (files and directories) under root, with sizes: a cheap fingerprint."""
     out = []
@@ -465,12 +470,180 @@ class WorkspaceTest(unittest.TestCase):
     def write(self, rel, data, mode=None):
         return write(self.root, rel, data, mode)
 
+    def other_dir(self, prefix="tc-other-"):
+        """A separate temporary directory, as on another machine."""
+        path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
     def read(self, rel):
         return read(self.root, rel)
 
     @property
     def store(self):
         return os.path.join(self.root, ".checkpoints")
+
+
+# The result fields the contract promises for each tool ("all present").
+CONTRACT_RESULTS = {
+    "tc_init": ["task_id", "name", "store", "store_is_external", "prev_suspended", "exclude", "note"],
+    "tc_switch": ["task_id", "status"],
+    "tc_save": ["task_id", "index", "title", "groups", "skipped_paths", "idempotent", "closed",
+                "status", "active_task_changed", "git"],
+    "tc_capture": ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"],
+    "tc_show": ["steps", "drifts", "head", "next_cursor"],
+    "tc_restore": ["applied", "recovered", "plan", "skipped_paths"],
+    "tc_resume": ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
+                  "handoff", "health", "store", "active_task", "skipped"],
+    "tc_export": ["path", "filtered", "files"],
+    "tc_import": ["task_id"],
+    "tc_compress": ["converted", "eligible", "already_gone", "bytes_freed", "keep_seconds",
+                    "minimum", "maximum"],
+}
+
+
+# The JSON Schema types the tools' schemas use.
+_TYPES = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def schema_errors(value, schema, path="$"):
+    """The ways `value` breaks `schema` (the subset of JSON Schema our tools use)."""
+    if schema is True or not isinstance(schema, dict):
+        return []
+    errors = []
+    if "anyOf" in schema or "oneOf" in schema:
+        key = "anyOf" if "anyOf" in schema else "oneOf"
+        matches = sum(1 for alt in schema[key] if not schema_errors(value, alt, path))
+        if matches == 0 or (key == "oneOf" and matches > 1):
+            errors.append("%s: %d alternatives of %s match" % (path, matches, key))
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else list(types)
+        unknown = [t for t in types if t not in _TYPES]
+        if unknown:
+            errors.append("%s: schema uses unknown type %r" % (path, unknown))
+        if not any(_TYPES.get(t, lambda v: False)(value) for t in types):
+            return errors + ["%s: %r is not of type %s" % (path, value, types)]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append("%s: %r not in enum %r" % (path, value, schema["enum"]))
+    if "const" in schema and value != schema["const"]:
+        errors.append("%s: %r is not %r" % (path, value, schema["const"]))
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append("%s: %r below minimum %r" % (path, value, schema["minimum"]))
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append("%s: %r above maximum %r" % (path, value, schema["maximum"]))
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                errors.append("%s: required field %r missing" % (path, name))
+        for name, item in value.items():
+            if name in props:
+                errors += schema_errors(item, props[name], "%s.%s" % (path, name))
+            elif schema.get("additionalProperties") is False:
+                errors.append("%s: field %r not declared" % (path, name))
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors += schema_errors(item, schema["additionalProperties"],
+                                        "%s.%s" % (path, name))
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], "%s[%d]" % (path, i))
+    return errors
+
+
+class ToolsTest(WorkspaceTest):
+    """Calls checked against the contract: a successful result must match the
+    outputSchema its tool declares and hold every field CONTRACT_RESULTS
+    names; a refusal is one line with no traceback. One server per class
+    (each test has its own workspace); more on demand."""
+
+    _schemas = None
+    shared = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.shared = None
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.shared is not None:
+            cls.shared.close()
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        cls = type(self)
+        if cls.shared is None or cls.shared.proc.poll() is not None:
+            cls.shared = Server(env=self.server_env)
+            cls.shared.initialize()
+        self.srv = cls.shared
+        if ToolsTest._schemas is None:
+            tools = self.srv.request("tools/list")["result"]["tools"]
+            ToolsTest._schemas = {t["name"]: t for t in tools}
+        self.schemas = ToolsTest._schemas
+
+    def ok(self, name, /, srv=None, **arguments):
+        """A successful call whose result matches the tool's outputSchema."""
+        res = (srv or self.srv).call(name, **arguments)
+        self.assertFalse(res.is_error, "%s%r failed: %s" % (name, arguments, res.text))
+        result = res.raw["result"]
+        self.assertIs(result.get("isError"), False)
+        self.assertEqual(result["content"][0]["type"], "text")
+        self.assertEqual(json.loads(res.text), res.data, "text and structuredContent differ")
+        errors = schema_errors(res.data, self.schemas[name]["outputSchema"])
+        self.assertEqual(errors, [], "%s result breaks its outputSchema" % name)
+        for field in CONTRACT_RESULTS[name]:
+            self.assertIn(field, res.data)
+        return res.data
+
+    def refused(self, name, /, srv=None, **arguments):
+        """A refused call: isError with a one-line message and no traceback."""
+        res = (srv or self.srv).call(name, **arguments)
+        self.assertTrue(res.is_error, "%s%r was accepted: %r" % (name, arguments, res.data))
+        self.assertTrue(res.text.strip())
+        self.assertNotIn("Traceback", res.text)
+        self.assertNotIn("\n", res.text.strip(), "message should be one line: %r" % res.text)
+        return res
+
+    def init(self, name="Refactor auth", **kwargs):
+        return self.ok("tc_init", root=self.root, name=name, **kwargs)
+
+    def save(self, title, **kwargs):
+        return self.ok("tc_save", root=self.root, title=title, **kwargs)
+
+    def task_dir(self, task_id, store=None):
+        return os.path.join(store or self.store, "tasks", task_id)
+
+    def step_files(self, task_id, store=None):
+        steps = os.path.join(self.task_dir(task_id, store), "steps")
+        return sorted(os.listdir(steps)) if os.path.isdir(steps) else []
+
+    def prepare(self):
+        """A task with two steps, then unsaved work: src/a.py edited,
+        src/new_file.py made, src/gone.py deleted. Returns the task id."""
+        task = self.init(name="Refactor auth", goal="Move sessions to JWT",
+                         constraints="keep the public API")["task_id"]
+        self.write("src/a.py", "a = 1\n")
+        self.write("src/b.py", "b = 1\n")
+        self.write("src/gone.py", "gone = 1\n")
+        self.save("Split the module", conclusion="it splits", next="write the service")
+        self.save("Wrote the service layer", conclusion="service works",
+                  description="because reasons", next="Switch the three views",
+                  open_questions=["keep the old endpoint?"])
+        self.write("src/a.py", "a = 2  # edited after the save\n")
+        self.write("src/new_file.py", "n = 1\n")
+        os.remove(os.path.join(self.root, "src", "gone.py"))
+        return task
 
 
 # Tests that kill servers at random moments (tests/test_crash.py,

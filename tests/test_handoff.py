@@ -1,5 +1,4 @@
-"""Handoff packages (tc_export / tc_import) and external stores, through the
-real server.
+"""Handoff packages (tc_export / tc_import) through the real server.
 
 A package is a directory `<task_id>-handoff/` with HANDOFF.md, a
 machine-readable description (a JSON file at the top of the package) and the
@@ -18,8 +17,8 @@ import threading
 import time
 import unittest
 
-from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, keeps_mode_bits,
-                     path_max, paths_of, read, snapshot, tree_listing, write)
+from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, file_bytes,
+                     keeps_mode_bits, path_max, paths_of, read, snapshot, tree_listing, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -60,10 +59,6 @@ def hashed_state(root):
     """{path: (sha256, mode)}: cheap to compare and to print."""
     return {k: (hashlib.sha256(v[0]).hexdigest()[:16], v[1])
             for k, v in workspace_state(root).items()}
-
-
-def file_bytes(root):
-    return {k: v[0] for k, v in workspace_state(root).items()}
 
 
 def package_files(package):
@@ -137,12 +132,6 @@ def content_copy(package, rel):
 class HandoffBase(WorkspaceTest):
 
     server_env = {"TC_WATCH": "off"}
-
-    def other_dir(self, prefix="tc-other-"):
-        """A separate temporary directory, as on another machine."""
-        path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
-        self.addCleanup(shutil.rmtree, path, True)
-        return path
 
     def make_source(self, srv, root=None):
         """Source files and a task with one step; returns (task_id, {path: bytes})."""
@@ -963,141 +952,6 @@ class InterruptedTest(HandoffBase):
                                 make_trigger(target) if make_trigger else None, delay)
             with self.subTest(moment=label):
                 self.check_after_restart(target, package, task_id, before, complete, why)
-
-
-class StoreTest(HandoffBase):
-    """External stores, the pointer file, and workspaces sharing one store."""
-
-    def two_workspaces(self):
-        w1 = os.path.join(self.tmp, "w1")
-        w2 = os.path.join(self.tmp, "w2")
-        for root, tag in ((w1, "w1"), (w2, "w2")):
-            os.makedirs(os.path.join(root, "src"))
-            for rel, data in (("%s_only.txt" % tag, tag), ("common.txt", "common " + tag),
-                              ("src/%s_code.py" % tag, "x = '%s'\n" % tag)):
-                with open(os.path.join(root, *rel.split("/")), "w") as fh:
-                    fh.write(data)
-        return w1, w2
-
-    def check_isolated(self, srv, w1, w2, store):
-        t1 = srv.ok("tc_init", root=w1, name="first", goal="goal one")["task_id"]
-        t2 = srv.ok("tc_init", root=w2, name="second", goal="goal two")["task_id"]
-        srv.ok("tc_save", root=w1, title="w1 step", conclusion="c1", next="n1")
-        srv.ok("tc_save", root=w2, title="w2 step", conclusion="c2", next="n2")
-        s1, s2 = file_bytes(w1), file_bytes(w2)
-        for root in (w1, w2):
-            self.assertFalse(os.path.exists(os.path.join(root, ".checkpoints")))
-            with open(os.path.join(root, ".task-checkpoint-store.json")) as fh:
-                pointer = json.load(fh)
-            self.assertEqual(os.path.realpath(pointer["store"]), os.path.realpath(store))
-        self.assertTrue(os.path.isdir(os.path.join(store, "tasks", t1)))
-        self.assertTrue(os.path.isdir(os.path.join(store, "tasks", t2)))
-
-        with open(os.path.join(w1, "w1_late.txt"), "w") as fh:
-            fh.write("late w1\n")
-        with open(os.path.join(w1, "common.txt"), "w") as fh:
-            fh.write("common w1, edited\n")
-        r1 = srv.ok("tc_resume", root=w1)
-        r2 = srv.ok("tc_resume", root=w2)
-        self.assertEqual((r1["goal"], r2["goal"]), ("goal one", "goal two"))
-        self.assertEqual(r2["drift_paths"], [], r2)
-        self.assertIn("w1_late.txt", json.dumps(r1["drift_paths"]))
-        self.assertNotIn("w2", json.dumps(r1["drift_paths"]))
-        self.assertFalse(srv.ok("tc_capture", root=w2)["captured"])
-        self.assertTrue(srv.ok("tc_capture", root=w1)["captured"])
-        srv.ok("tc_save", root=w1, title="w1 second", conclusion="c", next="n")
-        for root, foreign in ((w1, "w2_"), (w2, "w1_")):
-            shown = srv.ok("tc_show", root=root, include_drift=True, limit=200)
-            self.assertNotIn(foreign, json.dumps(shown), root)
-            self.assertNotIn(foreign, json.dumps(srv.ok("tc_resume", root=root)), root)
-            plan = srv.ok("tc_restore", root=root, index=1, apply=False)["plan"]
-            self.assertNotIn(foreign, json.dumps(plan), root)
-        srv.ok("tc_restore", root=w1, index=1, apply=True)
-        srv.ok("tc_restore", root=w2, index=1, apply=True)
-        self.assertEqual(file_bytes(w1), s1)
-        self.assertEqual(file_bytes(w2), s2)
-        return t1, t2
-
-    def test_workspaces_sharing_store_via_env_stay_isolated(self):
-        store = os.path.join(self.tmp, "shared-store")
-        w1, w2 = self.two_workspaces()
-        srv = self.server(env={"TC_STORE": store})
-        self.check_isolated(srv, w1, w2, store)
-
-    def test_workspaces_sharing_store_via_init_argument_stay_isolated(self):
-        store = os.path.join(self.other_dir("tc-store-"), "store")
-        w1, w2 = self.two_workspaces()
-        srv = self.server()
-        t1 = srv.ok("tc_init", root=w1, name="first", goal="goal one", store=store)
-        self.assertTrue(t1["store_is_external"], t1)
-        srv.ok("tc_init", root=w2, name="second", goal="goal two", store=store)
-        self.check_isolated(srv, w1, w2, store)
-
-    def test_new_server_without_env_finds_store_through_pointer(self):
-        store = os.path.join(self.other_dir("tc-store-"), "store")
-        first = self.server(env={"TC_STORE": store})
-        self.write("a.txt", "a\n")
-        init = first.ok("tc_init", root=self.root, name="pointer", goal="pointer goal")
-        self.assertTrue(init["store_is_external"], init)
-        first.ok("tc_save", root=self.root, title="one", conclusion="c", next="pointer next")
-        first.close()
-        with open(os.path.join(self.root, ".task-checkpoint-store.json")) as fh:
-            self.assertEqual(os.path.realpath(json.load(fh)["store"]), os.path.realpath(store))
-
-        second = self.server()  # no TC_STORE in its environment
-        self.assertNotIn("TC_STORE", second.env)
-        resume = second.ok("tc_resume", root=self.root)
-        self.assertEqual((resume["goal"], resume["next"]), ("pointer goal", "pointer next"))
-        self.write("a.txt", "a, second step\n")
-        self.assertEqual(second.ok("tc_save", root=self.root, title="two")["index"], 2)
-        self.assertTrue(os.path.isfile(os.path.join(
-            store, "tasks", init["task_id"], "steps", "s0002.json")))
-        self.assertFalse(os.path.exists(os.path.join(self.root, ".checkpoints")))
-
-    def test_a_tc_store_elsewhere_says_where_the_workspaces_tasks_are(self):
-        self.write("a.txt", "a\n")
-        srv = self.server()
-        task = srv.ok("tc_init", root=self.root, name="own store")["task_id"]
-        srv.ok("tc_save", root=self.root, title="one")
-        other = os.path.join(self.other_dir("tc-store-"), "store")
-        elsewhere = self.server(env={"TC_STORE": other})
-        for tool, args in (("tc_resume", {}), ("tc_save", {"title": "two"})):
-            res = elsewhere.call(tool, root=self.root, **args)
-            self.assertTrue(res.is_error, res)
-            self.assertIn(task, res.text)
-            self.assertIn(os.path.join(self.root, ".checkpoints"), res.text)
-            self.assertIn("unset TC_STORE", res.text)
-        self.assertFalse(os.path.exists(other))
-
-    def test_store_equal_to_root_is_refused(self):
-        self.write("a.txt", "a\n")
-        srv = self.server()
-        before = tree_listing(self.root)
-        for store in (self.root, self.root + "/", os.path.join(self.root, "sub", "..")):
-            res = srv.call("tc_init", root=self.root, name="same", goal="g", store=store)
-            self.assertTrue(res.is_error, (store, res))
-            self.assertEqual(tree_listing(self.root), before, store)
-        env_srv = self.server(env={"TC_STORE": self.root})
-        res = env_srv.call("tc_init", root=self.root, name="same", goal="g")
-        self.assertTrue(res.is_error, res)
-        self.assertEqual(tree_listing(self.root), before)
-
-    def test_store_inside_workspace_is_never_scanned(self):
-        self.write("a.txt", "a\n")
-        srv = self.server()
-        inner = os.path.join(self.root, "inner-store")
-        srv.ok("tc_init", root=self.root, name="inner", goal="g", store=inner)
-        srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
-        self.write("a.txt", "a2\n")
-        srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
-        self.assertFalse(srv.ok("tc_capture", root=self.root)["captured"])
-        shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
-        self.assertNotIn("inner-store", json.dumps(shown))
-        resume = srv.ok("tc_resume", root=self.root)
-        resume.pop("store")  # the one field that names the store on purpose
-        self.assertNotIn("inner-store", json.dumps(resume))
-        plan = srv.ok("tc_restore", root=self.root, index=1, apply=False)["plan"]
-        self.assertNotIn("inner-store", json.dumps(plan))
 
 
 if __name__ == "__main__":
