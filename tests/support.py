@@ -291,6 +291,12 @@ def sha(data):
     return hashlib.sha256(data).hexdigest()
 
 
+def store_holds(store, data):
+    """Whether the store's payload folder holds data, under its sha."""
+    path = os.path.join(store, "payload", sha(data)[:2], sha(data))
+    return os.path.exists(path)
+
+
 def paths_of(items):
     """The set of paths in a list of plain paths or of {"path": ...} entries
     (a restore plan, skipped_paths, a package's files); None counts as empty."""

@@ -2,7 +2,8 @@
 by drift id, and tc_compress.
 
 The watcher tests run with a one-second interval and a three-second quiet
-period ceiling, and poll for what they expect instead of sleeping a fixed time.
+period ceiling, and poll for what they expect instead of sleeping a fixed time;
+QuietPeriodTest drives the watcher's tick in-process, with its own clock.
 """
 
 import hashlib
@@ -17,6 +18,9 @@ import unittest
 
 from support import (SCRIPTS, WorkspaceTest, can_symlink, drift_key, drift_paths, paths_of, snapshot,
                      stored_shas, tree_listing, unnamed_payloads)
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 # Short ticks keep the suite fast; the behaviour is the same at any interval.
 TICK = 0.25
@@ -529,6 +533,26 @@ class CompressTest(WorkspaceTest):
         srv.ok("tc_restore", root=self.root, index=1, apply=True)
         srv.ok("tc_restore", root=self.root, index=2, apply=True)
         self.assertEqual(snapshot(self.root), state2)
+
+
+class QuietPeriodTest(WorkspaceTest):
+    """The watcher's tick driven with its own clock."""
+
+    def test_watcher_capture_after_a_quiet_period_is_not_partial(self):
+        cp = tc.Checkpoints(tc.Config(watch=True, watch_interval=3600, drift_max_wait=60,
+                                      git=False))
+        self.write("a.txt", "1\n")
+        cp.init(self.root, "t")
+        cp.start_watcher()
+        try:
+            self.write("a.txt", "changed once\n")
+            self.assertEqual(cp.watcher.tick(self.root, now=100.0), "wait")
+            self.assertEqual(cp.watcher.tick(self.root, now=101.0), "capture")
+        finally:
+            cp.stop_watcher()
+        drift = cp.show(self.root, include_drift=True)["drifts"][-1]
+        self.assertEqual(drift["kind"], "watch")
+        self.assertFalse(drift["partial"], "a capture after a quiet period is marked partial")
 
 
 if __name__ == "__main__":

@@ -329,6 +329,42 @@ class UnwritablePartsTest(WorkspaceTest):
         finally:
             subprocess.run(["chattr", "-i", current])
 
+    @unittest.skipUnless(hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("mount"), "needs root to bind-mount read-only")
+    def test_read_only_workspace_keeps_read_tools_working(self):
+        store = os.path.join(self.tmp, "store")
+        srv = self.server(env={"TC_STORE": store})
+        self.write("a.txt", "1\n")
+        srv.ok("tc_init", root=self.root, name="t")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "2\n")
+        self.write("c.txt", "new\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        other = os.path.join(self.tmp, "other")
+        write(other, "a.txt", "from elsewhere\n")
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        elsewhere = self.server(env={"TC_STORE": os.path.join(self.tmp, "store2")})
+        elsewhere.ok("tc_init", root=other, name="other")
+        package = elsewhere.ok("tc_export", root=other, to=out)["path"]
+        if subprocess.run(["mount", "--bind", self.root, self.root],
+                          stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("bind mounts are not allowed here")
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", self.root], check=True)
+            failed = srv.call("tc_restore", root=self.root, index=1, apply=True)
+            self.assertTrue(failed.is_error)
+            self.assertNotIn("could not be fully undone", failed.text,
+                             "nothing was changed, yet the restore says it could not be undone")
+            self.assertIn("read-only: make it writable", failed.text)
+            resumed = srv.call("tc_resume", root=self.root)
+            self.assertFalse(resumed.is_error, "read-only tc_resume fails: " + resumed.text)
+            failed = srv.call("tc_import", root=self.root, package=package)
+            self.assertTrue(failed.is_error)
+            self.assertIn("nothing was changed: Read-only file system: 'a.txt'", failed.text)
+        finally:
+            subprocess.run(["umount", self.root])
+
 
 def traced(command, *strace_args):
     """command run under strace with strace_args (fault injection), or None

@@ -18,7 +18,8 @@ import time
 import unittest
 
 from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, file_bytes,
-                     keeps_mode_bits, path_max, paths_of, read, snapshot, tree_listing, write)
+                     keeps_mode_bits, path_max, paths_of, read, sha, snapshot, store_holds,
+                     tree_listing, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -127,6 +128,20 @@ def content_copy(package, rel):
         raise AssertionError("cannot find the copy of %r in package: %r"
                              % (rel, sorted(package_files(package))))
     return os.path.join(package, *matches[0].split("/"))
+
+
+def make_package(directory, task_id, files, step=None):
+    """A hand-made handoff package: files is [(path, bytes, mode)]."""
+    pkg = os.path.join(directory, "%s-handoff" % task_id)
+    entries = []
+    for rel, data, mode in files:
+        write(pkg, "files/" + rel, data)
+        entries.append({"path": rel, "sha256": sha(data), "size": len(data), "mode": mode})
+    desc = {"format": 1, "task": {"task_id": task_id, "name": "imported"}, "step": step,
+            "files": entries, "filtered": [], "history": []}
+    with open(os.path.join(pkg, "handoff.json"), "w", encoding="utf-8") as fh:
+        json.dump(desc, fh)
+    return pkg
 
 
 class HandoffBase(WorkspaceTest):
@@ -751,6 +766,127 @@ class CraftedPackageTest(HandoffBase):
         self.assertEqual(got["mine.txt"], b"the receiver's own work\n")
 
 
+class HandMadePackageTest(WorkspaceTest):
+    """Packages written by hand (make_package): what an import refuses, and
+    what it never writes over."""
+
+    def test_import_never_writes_into_git_or_sensitive_files(self):
+        os.makedirs(os.path.join(self.root, ".git", "hooks"))
+        self.write(".env", "SECRET=mine\n")
+        pkg = make_package(self.tmp, "evil-1", [
+            (".git/hooks/pre-commit", b"#!/bin/sh\necho owned\n", 0o755),
+            (".env", b"SECRET=theirs\n", 0o644),
+            ("ok.txt", b"ok\n", 0o644)])
+        srv = self.server()
+        srv.call("tc_import", root=self.root, package=pkg)
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".git", "hooks", "pre-commit")),
+                         "a package wrote a git hook")
+        self.assertEqual(self.read(".env"), b"SECRET=mine\n", "a package overwrote .env")
+        self.assertFalse(store_holds(self.store, b"SECRET=mine\n"),
+                         "the content of .env reached the store")
+
+    def test_import_does_not_silently_overwrite_unsaved_work(self):
+        pkg = make_package(self.tmp, "other-1", [("notes.txt", b"from the package\n", 0o644)],
+                           step={"index": 1, "title": "one"})
+        self.write("notes.txt", "my own unsaved work\n")
+        srv = self.server()
+        res = srv.call("tc_import", root=self.root, package=pkg)
+        if res.is_error:
+            self.assertEqual(self.read("notes.txt"), b"my own unsaved work\n")
+            return
+        if self.read("notes.txt") == b"my own unsaved work\n":
+            return
+        # Overwritten: some drift record must bring the old bytes back.
+        drifts = srv.ok("tc_show", root=self.root, include_drift=True)["drifts"]
+        for drift in drifts:
+            if srv.call("tc_restore", root=self.root, drift_id=drift["id"],
+                        apply=True).is_error:
+                continue
+            if self.read("notes.txt") == b"my own unsaved work\n":
+                return
+        self.fail("tc_import replaced notes.txt and nothing can bring the old bytes back")
+
+    def test_package_entries_that_would_damage_the_store_are_refused(self):
+        # Whatever a package says ends up in the store's records: a content
+        # name that is a path, a size that is not a number, a history entry of
+        # the wrong form, a step without a title. Each is refused up front.
+        srv = self.server()
+
+        def edited(n, change):
+            pkg = make_package(os.path.join(self.tmp, "bad%d" % n), "bad-%d" % n,
+                               [("a.txt", b"a\n", 0o644)], step={"index": 1, "title": "one"})
+            path = os.path.join(pkg, "handoff.json")
+            with open(path, "rb") as fh:
+                desc = json.loads(fh.read())
+            change(desc)
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(desc, fh)
+            return pkg
+
+        escape = "../../../../" + os.path.basename(self.tmp) + "-escaped"
+        cases = [
+            lambda d: d["files"][0].update(sha256=escape),
+            lambda d: d["files"][0].update(size="1"),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["s", "ab" * 32, 2, 420, 0]}}]),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["f", sha(b"a\n"), -2, 420, 0]}}]),
+            lambda d: d.update(step={"index": 1}),
+            lambda d: d.update(step={"index": 1, "title": "one", "verified": "yes"}),
+            lambda d: d.update(history=[{"step": {"index": 2, "title": "two"}, "files": {}}]),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"}, "files": {}}] * 2),
+            # Fields that look right to a lax reader and would be recorded wrong.
+            lambda d: d["files"][0].update(size=999999),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["f", sha(b"a\n"), 5, 420, 0]}}]),
+            lambda d: d["task"].update(exclude="zq"),
+            lambda d: d.update(format=True),
+            lambda d: d.update(format=1.0),
+            lambda d: d["task"].update(task_id=d["task"]["task_id"] + "\n"),
+        ]
+        for n, change in enumerate(cases):
+            with self.subTest(case=n):
+                res = srv.call("tc_import", root=self.root, package=edited(n, change))
+                self.assertTrue(res.is_error, res)
+                self.assertRegex(res.text, "malformed|twice|lacks|gives|size its content"
+                                 "|format|exclude must be|not a valid task id")
+                self.assertFalse(os.path.exists(os.path.join(self.store, "tasks", "bad-%d" % n)))
+                self.assertFalse(os.path.exists(self.root + "/a.txt"))
+        self.assertEqual([n for n in os.listdir(os.path.dirname(self.tmp))
+                          if n.endswith("-escaped")], [])
+
+    def test_a_folder_that_is_no_package_is_named_so(self):
+        plain = os.path.join(self.tmp, "project")
+        write(plain, "src/a.py", "print(1)\n")
+        if can_symlink():  # not every Windows user may make one
+            os.symlink("src/a.py", os.path.join(plain, "link.py"))
+        res = self.server().call("tc_import", root=self.root, package=plain)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("has no handoff.json", res.text)
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_linked_package_description_is_refused_unread(self):
+        pkg = make_package(self.tmp, "linked-1", [("a.txt", b"a\n", 0o644)])
+        described = os.path.join(pkg, "handoff.json")
+        os.rename(described, os.path.join(self.tmp, "elsewhere.json"))
+        os.symlink(os.path.join(self.tmp, "elsewhere.json"), described)
+        res = self.server().call("tc_import", root=self.root, package=pkg)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("symlink", res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "a.txt")))
+
+    def test_malformed_package_step_is_a_tool_error(self):
+        srv = self.server()
+        for n, step in enumerate(({"index": "1", "title": "x"}, {"title": "no index"},
+                                  ["x"], {"index": -3, "title": "x"})):
+            pkg = make_package(os.path.join(self.tmp, "p%d" % n), "imp-%d" % n,
+                               [("a.txt", b"a", 0o644)], step=step)
+            reply = srv.request("tools/call", {"name": "tc_import", "arguments": {
+                "root": self.root, "package": pkg}})
+            self.assertNotIn("error", reply, (step, reply))
+            self.assertTrue(reply["result"]["isError"], (step, reply))
+
+
 class InterruptedTest(HandoffBase):
     """SIGKILL in the middle of an export or an import.
 
@@ -954,10 +1090,6 @@ class InterruptedTest(HandoffBase):
                 self.check_after_restart(target, package, task_id, before, complete, why)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 LIST_AS_USER = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -1000,3 +1132,7 @@ class UnreadableFolderTest(unittest.TestCase):
         proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.strip(), "['files/src/app.py']")
+
+
+if __name__ == "__main__":
+    unittest.main()

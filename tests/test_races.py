@@ -1,22 +1,29 @@
 """Other programs writing files while an operation runs.
 
 A save reads files that an editor, a formatter or the agent's own shell may
-be rewriting at that moment; a restore or an import writes files that they
-may write too. A step holds only states a file really had. A file written
-after a restore's or an import's journal reached the disk keeps the other
-program's bytes: it is left as it is, reported in skipped_paths, and read by
-the next scan. Where the moment matters the other program is a hook on the
-real code path (here right after Journal.begin wrote the journal), so it is
-always the same; elsewhere a thread races the real server.
+be rewriting, replacing, or swapping for a link or a FIFO at that moment; a
+restore or an import writes files that they may write too. A step holds only
+states a file really had; nothing from outside the workspace comes in
+through a link, nor is written or deleted through one; no read waits on a
+FIFO. A file written after a restore's or an import's journal reached the
+disk keeps the other program's bytes: it is left as it is, reported in
+skipped_paths, and read by the next scan. Where the moment matters the other
+program is a hook on the real code path (right after the journal is written,
+after the scan, before a write), so it is always the same; elsewhere a
+thread races the real code.
 """
 
+import json
 import os
+import select
+import shutil
 import sys
 import threading
+import time
 import unittest
 
 import support
-from support import EditedMeanwhileTest, WorkspaceTest, sha
+from support import EditedMeanwhileTest, WorkspaceTest, can_symlink, read, sha, store_holds, write
 
 sys.path.insert(0, support.SCRIPTS)
 import tc  # noqa: E402
@@ -212,6 +219,334 @@ class ChangingWhileReadTest(WorkspaceTest):
             self.assertGreaterEqual(len(held), self.SIZE // 11 * 11)
             self.assertTrue(final.startswith(held), "step %d is no state the log had"
                             % saved["index"])
+
+
+class FolderSwappedAfterTheScanTests(WorkspaceTest):
+    """A folder replaced by a link to elsewhere between the scan and the
+    reads (another process racing the save) must not bring the files over
+    there into the store. The swap is made right after the real scan."""
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_save_does_not_store_what_a_swapped_folder_points_at(self):
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(outside)
+        with open(os.path.join(outside, "a.txt"), "w") as fh:
+            fh.write("OUTSIDE SECRET\n")
+        self.write("sub/a.txt", "inside one\n")
+        self.write("sub/b.txt", "kept\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        self.write("sub/a.txt", "inside two, longer\n")  # must be read again
+        self.outside = outside
+        self.after_scan(self.swap_sub)
+        saved = cp.save(self.root, "two")
+        reasons = {e["path"]: e["reason"] for e in saved["skipped_paths"]}
+        self.assertIn("sub/a.txt", reasons)
+        self.assertIn("outside the workspace", reasons["sub/a.txt"])
+        for dirpath, _dirs, names in os.walk(os.path.join(self.store, "payload")):
+            for name in names:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    self.assertNotIn(b"OUTSIDE SECRET", fh.read())
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_folder_swapped_back_and_forth_during_scans_never_lets_outside_in(self):
+        # A real race: another thread keeps swapping sub/ (a folder with a
+        # folder in it) for a link to an outside folder of the same shape
+        # while saves and captures scan.
+        self.outside = os.path.join(self.tmp, "outside")
+        for n in range(12):
+            write(self.outside, "f%02d.txt" % n, "OUTSIDE %d\n" % n)
+            write(self.outside, "deep/g%02d.txt" % n, "OUTSIDE deep %d\n" % n)
+            self.write("sub/f%02d.txt" % n, "inside %d\n" % n)
+            self.write("sub/deep/g%02d.txt" % n, "inside deep %d\n" % n)
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "race")
+        stop = threading.Event()
+        sub, moved = os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved")
+
+        def swapper():
+            while not stop.is_set():
+                os.rename(sub, moved)
+                os.symlink(self.outside, sub, target_is_directory=True)
+                time.sleep(0.0005)
+                os.remove(sub)
+                os.rename(moved, sub)
+                time.sleep(0.0005)
+
+        thread = threading.Thread(target=swapper)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 2.0
+            count = 0
+            while time.monotonic() < deadline:
+                self.write("top.txt", "round %d\n" % count)  # something to record each time
+                if count % 2:
+                    cp.capture(self.root)
+                else:
+                    cp.save(self.root, "round %d" % count)
+                count += 1
+        finally:
+            stop.set()
+            thread.join()
+        for dirpath, _dirs, names in os.walk(os.path.join(self.store, "payload")):
+            for name in names:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    self.assertNotIn(b"OUTSIDE", fh.read(), "after %d scans" % count)
+
+    def swap_sub(self):
+        """Replace sub/ by a link to the outside folder."""
+        os.rename(os.path.join(self.root, "sub"), os.path.join(self.root, "sub.moved"))
+        os.symlink(self.outside, os.path.join(self.root, "sub"), target_is_directory=True)
+
+    def after_scan(self, change):
+        """Run change once, right after the next real scan of the workspace."""
+        real_scan = tc.scan_tree
+        done = []
+
+        def scan_then_change(root, policy, dirs=None):
+            result = real_scan(root, policy, dirs)
+            if root == self.root and not done:
+                done.append(True)
+                change()
+            return result
+
+        tc.scan_tree = scan_then_change
+        self.addCleanup(setattr, tc, "scan_tree", real_scan)
+
+    def swap_before(self, owner, name):
+        """Replace sub/ by a link to the outside folder right before the first
+        call of owner.name: after every check the plan made of the paths."""
+        real = getattr(owner, name)
+        done = []
+
+        def swapped(*args, **kwargs):
+            if not done:
+                done.append(True)
+                self.swap_sub()
+            return real(*args, **kwargs)
+
+        setattr(owner, name, swapped)
+        self.addCleanup(setattr, owner, name, real)
+
+    def outside_folder(self):
+        self.outside = os.path.join(self.tmp, "outside")
+        os.makedirs(self.outside)
+        for name in ("victim.txt", "gone.txt"):
+            with open(os.path.join(self.outside, name), "w") as fh:
+                fh.write("OUTSIDE %s\n" % name)
+        return self.outside_files()
+
+    def outside_files(self):
+        return {name: None if os.path.isdir(os.path.join(self.outside, name))
+                else read(self.outside, name) for name in sorted(os.listdir(self.outside))}
+
+    def restore_case(self):
+        before = self.outside_folder()
+        self.write("sub/victim.txt", "v1\n")
+        self.write("sub/new.txt", "n1\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        self.write("sub/victim.txt", "v2\n")
+        os.remove(os.path.join(self.root, "sub", "new.txt"))
+        self.write("sub/gone.txt", "g\n")
+        return cp, before
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_restore_does_not_delete_where_a_swapped_folder_points(self):
+        cp, before = self.restore_case()
+        self.swap_before(tc, "remove_within")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_restore_does_not_write_where_a_swapped_folder_points(self):
+        cp, before = self.restore_case()
+        os.remove(os.path.join(self.root, "sub", "gone.txt"))  # nothing to delete first
+        self.swap_before(tc.PayloadStore, "write_over")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_restore_does_not_make_folders_where_a_swapped_folder_points(self):
+        before = self.outside_folder()
+        self.write("sub/deep/new.txt", "n1\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        shutil.rmtree(os.path.join(self.root, "sub", "deep"))
+        self.swap_before(tc, "make_dirs_within")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+        self.assertFalse(os.path.lexists(os.path.join(self.outside, "deep")))
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_restore_does_not_prune_folders_where_a_swapped_folder_points(self):
+        before = self.outside_folder()
+        os.mkdir(os.path.join(self.outside, "deep"))  # empty, as the pruned one will be
+        self.write("sub/kept.txt", "k\n")
+        logged = []
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False), log=logged.append)
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        self.write("sub/deep/added.txt", "unsaved\n")
+        self.swap_before(tc, "rmdir_within")  # the file is gone, its folder not yet
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.restore(self.root, index=1, apply=True)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertTrue(os.path.isdir(os.path.join(self.outside, "deep")))
+        self.assertEqual(self.outside_files(), dict(before, deep=None))
+        # The deleted file cannot go back through the link; its content
+        # stays in the store, and the log says where.
+        log = "\n".join(logged)
+        self.assertIn("'sub/deep/added.txt' was not put back", log)
+        kept = log.split("its content stays in the store as ", 1)[1].split()[0]
+        with open(kept, "rb") as fh:
+            self.assertEqual(fh.read(), b"unsaved\n")
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_an_import_does_not_write_where_a_swapped_folder_points(self):
+        before = self.outside_folder()
+        self.write("sub/victim.txt", "from the package\n")
+        self.write("sub/new.txt", "new\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "swap")
+        cp.save(self.root, "one")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = cp.export(self.root, out)["path"]
+        fresh = os.path.join(self.tmp, "fresh")
+        write(fresh, "sub/victim.txt", "mine\n")
+        self.root = fresh
+        self.swap_before(tc.PayloadStore, "place_stored")
+        with self.assertRaises(tc.CheckpointError) as caught:
+            cp.import_package(fresh, package)
+        self.assertIn("outside the workspace", str(caught.exception))
+        self.assertEqual(self.outside_files(), before)
+
+    def test_a_file_an_editor_replaced_after_the_scan_is_still_read(self):
+        self.write("sub/a.txt", "one\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "replaced")
+        cp.save(self.root, "one")
+        self.write("sub/a.txt", "two\n")
+
+        def replace():  # a new inode under the same name, as editors save
+            self.write("sub/a.txt.new", "three\n")
+            os.replace(os.path.join(self.root, "sub", "a.txt.new"),
+                       os.path.join(self.root, "sub", "a.txt"))
+
+        self.after_scan(replace)
+        saved = cp.save(self.root, "two")
+        self.assertEqual(saved["skipped_paths"], [])
+        self.write("sub/a.txt", "four\n")
+        cp.restore(self.root, index=2, apply=True)
+        self.assertEqual(self.read("sub/a.txt"), b"three\n")
+
+
+@unittest.skipUnless(hasattr(os, "mkfifo"), "needs os.mkfifo")
+@unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+class SwappedFileTests(WorkspaceTest):
+    """A file replaced between the scan and the read: by a FIFO (an open
+    would wait for a writer forever) or by a symlink to a file elsewhere
+    (its bytes would be stored as the workspace's)."""
+
+    def setUp(self):
+        super().setUp()
+        self.secret = os.path.join(self.tmp, "elsewhere.txt")
+        with open(self.secret, "wb") as fh:
+            fh.write(b"bytes from outside the workspace " + os.urandom(8).hex().encode())
+        self.fifo = os.path.join(self.root, "pipe")
+        os.mkfifo(self.fifo)
+        self.link = os.path.join(self.root, "link.txt")
+        os.symlink(self.secret, self.link)
+
+    def in_time(self, fn, *args):
+        """fn(*args) in a thread; fails the test if it is still running after 5 s."""
+        outcome = {}
+
+        def run():
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as exc:  # handed to the test thread
+                outcome["error"] = exc
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(5)
+        if thread.is_alive():
+            with open(self.fifo, "wb"):  # let the blocked open go, then fail
+                pass
+            self.fail("%s(%r) blocked" % (fn.__name__, args))
+        return outcome
+
+    def test_reads_refuse_what_is_not_a_regular_file(self):
+        payloads = tc.PayloadStore(os.path.join(self.tmp, "payload"))
+        for path, words in ((self.fifo, "not a regular file"), (self.link, "symlink")):
+            for fn in (payloads.put_file, tc.hash_file):
+                outcome = self.in_time(fn, path)
+                self.assertIsInstance(outcome.get("error"), OSError, (fn.__name__, outcome))
+                self.assertIn(words, str(outcome["error"]))
+        self.assertEqual(os.listdir(payloads.directory) if os.path.isdir(payloads.directory)
+                         else [], [], "something was stored")
+        outcome = self.in_time(tc.read_json, self.fifo)
+        self.assertIsInstance(outcome.get("error"), tc.StoreCorrupt, outcome)
+
+    def test_save_with_files_swapped_under_it_neither_blocks_nor_stores_outside_bytes(self):
+        os.remove(self.fifo)
+        os.remove(self.link)
+        for i in range(40):
+            self.write("f%02d.txt" % i, "file %d\n" % i)
+        srv = self.server(env={"TC_WATCH": "off"})
+        srv.ok("tc_init", root=self.root, name="swapped")
+        target = os.path.join(self.root, "flip.txt")
+        stop = threading.Event()
+
+        def flip():
+            turn = 0
+            while not stop.is_set():
+                turn += 1
+                tmp = os.path.join(self.root, ".flip")
+                try:
+                    if turn % 3 == 0:
+                        with open(tmp, "wb") as fh:
+                            fh.write(b"regular %d\n" % turn)
+                    elif turn % 3 == 1:
+                        os.symlink(self.secret, tmp)
+                    else:
+                        os.mkfifo(tmp)
+                    os.replace(tmp, target)
+                except OSError:
+                    pass
+        flipper = threading.Thread(target=flip)
+        flipper.start()
+        try:
+            for i in range(60):
+                name, args = (("tc_save", {"title": "s%d" % i}) if i % 2
+                              else ("tc_capture", {}))
+                srv._id += 1
+                srv.send_raw((json.dumps({"jsonrpc": "2.0", "id": srv._id,
+                                          "method": "tools/call",
+                                          "params": {"name": name, "arguments": dict(
+                                              root=self.root, **args)}}) + "\n").encode())
+                ready, _, _ = select.select([srv.proc.stdout], [], [], 10)
+                self.assertTrue(ready, "%s %d never answered" % (name, i))
+                reply = json.loads(srv.proc.stdout.readline())
+                self.assertNotIn("error", reply)
+        finally:
+            stop.set()
+            flipper.join()
+            if os.path.exists(target):
+                os.remove(target)
+        with open(self.secret, "rb") as fh:
+            self.assertFalse(store_holds(self.store, fh.read()),
+                             "a file outside the workspace was stored through a symlink")
 
 
 if __name__ == "__main__":

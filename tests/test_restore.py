@@ -9,8 +9,10 @@ the step was saved.
 """
 
 import hashlib
+import json
 import os
 import re
+import select
 import secrets
 import stat
 import subprocess
@@ -994,6 +996,120 @@ class DeepFolderTests(WorkspaceTest):
         self.assertFalse(os.path.lexists(doomed))
         self.assertEqual(os.listdir(outside), ["keep.txt"])
         self.assertFalse(os.path.lexists(os.path.join(self.tmp, *rel.split("/"))))
+
+
+class UnsavedWorkKept(RestoreTest):
+    """A file the restore could not store first is not written over, and the
+    undo brings back an edit that the file's size and mtime alone do not show."""
+
+    def test_unreadable_file_is_not_overwritten(self):
+        # An unreadable file (a permission problem, an I/O error) cannot be
+        # stored in the recovered record, so a restore must not replace it.
+        self.write("data.txt", "v1 recorded\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "t")
+        cp.save(self.root, "one")
+        self.write("data.txt", "precious unsaved edit\n")
+        original = tc.PayloadStore.put_file
+
+        def failing(store, src, **kwargs):
+            if os.path.basename(src) == "data.txt":
+                raise PermissionError(13, "Permission denied", src)
+            return original(store, src, **kwargs)
+
+        tc.PayloadStore.put_file = failing
+        try:
+            try:
+                cp.restore(self.root, index=1, apply=True)
+            except tc.CheckpointError:
+                pass
+        finally:
+            tc.PayloadStore.put_file = original
+        self.assertEqual(self.read("data.txt"), b"precious unsaved edit\n")
+
+    def test_undo_keeps_unsaved_edit_with_sha_reuse(self):
+        srv = self.server(env={"TC_SHA_REUSE": "on"})
+        path = self.write("a.txt", "version-1\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "version-2\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        st = os.stat(path)
+        self.write("a.txt", "unsaved-3\n")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        res = srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        srv.ok("tc_restore", root=self.root, drift_id=res["recovered"], apply=True)
+        self.assertEqual(self.read("a.txt"), b"unsaved-3\n")
+
+
+class InTheWay(RestoreTest):
+    """What stands where a recorded file was, or a name that looks like a
+    path: a FIFO, a symlink, a folder holding a kept sensitive file, a
+    backslash in a file name."""
+
+    @unittest.skipUnless(hasattr(os, "mkfifo"), "needs os.mkfifo")
+    def test_fifo_in_place_of_a_recorded_file_does_not_hang(self):
+        srv = self.server()
+        self.write("pipe", "v1\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "pipe"))
+        os.mkfifo(os.path.join(self.root, "pipe"))
+        srv.ok("tc_save", root=self.root, title="two")
+        msg = {"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+            "name": "tc_restore", "arguments": {"root": self.root, "index": 1, "apply": True}}}
+        srv.send_raw((json.dumps(msg) + "\n").encode())
+        ready, _, _ = select.select([srv.proc.stdout], [], [], 1.5)
+        if not ready:
+            srv.proc.kill()
+            self.fail("tc_restore hangs opening a FIFO for writing")
+        reply = json.loads(srv.proc.stdout.readline())
+        self.assertEqual(reply["id"], 99)
+
+    def test_directory_with_kept_sensitive_file_does_not_fail_the_restore(self):
+        srv = self.server()
+        self.write("cfg", "plain file\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "cfg"))
+        self.write("cfg/.env", "K=1\n")
+        self.write("x.txt", "x\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertFalse(res.is_error, "one kept .env failed the whole restore: " + res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "x.txt")))
+        self.assertEqual(self.read("cfg/.env"), b"K=1\n")
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_symlink_where_a_file_was_is_skipped_not_fatal(self):
+        srv = self.server()
+        self.write("a.txt", "v1\n")
+        self.write("b.txt", "b1\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "a.txt"))
+        os.symlink(os.path.join(self.tmp, "elsewhere"), os.path.join(self.root, "a.txt"))
+        self.write("b.txt", "b2\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        preview = srv.ok("tc_restore", root=self.root, index=1)
+        res = srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertFalse(res.is_error, "preview %r, apply: %s" % (preview["plan"], res.text))
+        self.assertEqual(self.read("b.txt"), b"b1\n")
+        self.assertTrue(os.path.islink(os.path.join(self.root, "a.txt")))
+
+    @unittest.skipIf(os.name == "nt", "a backslash separates folders on Windows: "
+                                      "no file name can hold one")
+    def test_backslash_in_a_file_name_does_not_redirect_the_restore(self):
+        srv = self.server()
+        self.write("x/y", "keep me\n")
+        self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        with open(os.path.join(self.root, "x\\y"), "w") as fh:
+            fh.write("a new file whose name holds a backslash\n")
+        srv.call("tc_restore", root=self.root, index=1, apply=True)
+        self.assertTrue(os.path.isfile(os.path.join(self.root, "x", "y")),
+                        "restore deleted x/y, a file the target step contains")
+        self.assertEqual(self.read("x/y"), b"keep me\n")
 
 
 if __name__ == "__main__":

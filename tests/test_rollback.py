@@ -25,8 +25,9 @@ import time
 import unittest
 
 import support
-from support import (SCRIPTS, EditedMeanwhileTest, SeededTest, WorkspaceTest, fill_workspace,
-                     kill_and_collect, mutate, send, sha, snapshot, store_problems, write)
+from support import (SCRIPTS, EditedMeanwhileTest, SeededTest, WorkspaceTest, can_symlink,
+                     fill_workspace, kill_and_collect, mutate, read, send, sha, snapshot,
+                     store_problems, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -632,6 +633,52 @@ class RollbackThroughTheRestoresOwnFolders(KilledRestoreTest):
         with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
             listed = json.load(fh)["files"]
         self.assertEqual(listed["a"][0], hashlib.sha256(before["a"][0]).hexdigest())
+
+
+class WorkspaceMovedBehindALink(WorkspaceTest):
+    """A restore cut short, then its workspace moved elsewhere with a link
+    left at the old path: the rollback still puts the files back."""
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_restore_cut_short_is_undone_after_its_folder_moved_behind_a_link(self):
+        names = ["sub/f%02d.txt" % n for n in range(20)]
+        for name in names:
+            self.write(name, "old\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "moved")
+        cp.save(self.root, "one")
+        for name in names:
+            self.write(name, "unsaved work\n")
+        # The restore dies after 10 files, its journal left for the next
+        # server (what a kill leaves; here the rollback is kept from running).
+        real_write, real_undo = tc.PayloadStore.write_over, tc.Checkpoints._undo
+        calls = []
+
+        def dying_write(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 10:
+                raise OSError(5, "the server died here")
+            return real_write(*args, **kwargs)
+
+        def no_rollback(cp_, journal, what, exc):
+            raise exc
+
+        tc.PayloadStore.write_over, tc.Checkpoints._undo = dying_write, no_rollback
+        try:
+            with self.assertRaises(OSError):
+                cp.restore(self.root, index=1, apply=True)
+        finally:
+            tc.PayloadStore.write_over, tc.Checkpoints._undo = real_write, real_undo
+        moved = os.path.join(self.tmp, "elsewhere", "ws")
+        os.makedirs(os.path.dirname(moved))
+        os.rename(self.root, moved)
+        os.symlink(moved, self.root, target_is_directory=True)
+        later = tc.Checkpoints(tc.Config(watch=False, git=False))
+        # The task is known by its old path; any call that takes the store's
+        # lock finishes the rollback first, a new task's init among them.
+        later.init(self.root, "again")
+        self.assertEqual({name: read(moved, name) for name in names},
+                         {name: b"unsaved work\n" for name in names})
 
 
 if __name__ == "__main__":

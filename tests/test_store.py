@@ -12,11 +12,15 @@ named, in the error or in health, and hides none of the records around it.
 import json
 import os
 import shutil
+import sys
 import unittest
 
 import support
-from support import (Server, ToolsTest, WorkspaceTest, file_bytes, head_index, snapshot,
-                     tree_listing, write)
+from support import (SCRIPTS, Server, ToolsTest, WorkspaceTest, file_bytes, head_index, read,
+                     snapshot, tree_listing, write)
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 
 class StoreArgumentTest(ToolsTest):
@@ -354,6 +358,278 @@ class ExternalStoreTest(WorkspaceTest):
         self.assertNotIn("inner-store", json.dumps(resume))
         plan = srv.ok("tc_restore", root=self.root, index=1, apply=False)["plan"]
         self.assertNotIn("inner-store", json.dumps(plan))
+
+    def test_default_store_init_after_external_store(self):
+        srv = self.server()
+        self.write("a.txt", "1\n")
+        ext = os.path.join(self.tmp, "ext")
+        one = srv.ok("tc_init", root=self.root, name="one", store=ext)["task_id"]
+        # The workspace names one store: a task elsewhere would leave "one"
+        # out of reach, so that is refused, naming it.
+        res = srv.call("tc_init", root=self.root, name="two", store=self.store)
+        self.assertTrue(res.is_error, res)
+        self.assertIn(one, res.text)
+        self.assertIn(ext, res.text)
+        self.assertFalse(os.path.exists(self.store))
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="step")["task_id"], one)
+        # With that store moved aside, the default store takes the workspace.
+        shutil.move(ext, ext + "-old")
+        two = srv.ok("tc_init", root=self.root, name="two", store=self.store)
+        saved = srv.ok("tc_save", root=self.root, title="step")
+        self.assertEqual(saved["task_id"], two["task_id"])
+
+    def test_store_argument_wins_or_is_refused_when_tc_store_is_set(self):
+        srv = self.server(env={"TC_STORE": os.path.join(self.tmp, "env-store")})
+        self.write("a.txt", "1\n")
+        res = srv.call("tc_init", root=self.root, name="x",
+                       store=os.path.join(self.tmp, "arg-store"))
+        if res.is_error:
+            return
+        saved = srv.call("tc_save", root=self.root, title="step")
+        self.assertFalse(saved.is_error, saved.text)
+        self.assertEqual(saved["task_id"], res["task_id"])
+
+    def test_pointer_to_the_workspace_root_is_refused(self):
+        self.write("a.txt", "1\n")
+        with open(os.path.join(self.root, ".task-checkpoint-store.json"), "w") as fh:
+            json.dump({"store": self.root}, fh)
+        srv = self.server()
+        res = srv.call("tc_init", root=self.root, name="t")
+        self.assertTrue(res.is_error, res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "tasks")))
+
+    def test_compress_keeps_content_another_workspace_still_needs(self):
+        store = os.path.join(self.tmp, "shared")
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        srv = self.server(env={"TC_STORE": store})
+        write(other, "f.txt", "base\n")
+        srv.ok("tc_init", root=other, name="b")
+        write(other, "f.txt", "shared content\n")
+        kept = srv.ok("tc_capture", root=other)["drift_id"]
+        write(other, "f.txt", "later\n")
+        srv.ok("tc_capture", root=other)
+        self.write("g.txt", "a0\n")
+        srv.ok("tc_init", root=self.root, name="a")
+        self.write("g.txt", "shared content\n")
+        srv.ok("tc_capture", root=self.root)
+        self.write("g.txt", "a2\n")
+        srv.ok("tc_capture", root=self.root)
+        srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0)
+        res = srv.call("tc_restore", root=other, drift_id=kept)
+        if res.is_error:  # refused as reclaimed is honest too
+            self.assertIn("reclaimed", res.text)
+            return
+        self.assertEqual(res["plan"]["unrestorable"], [],
+                         "compress on one workspace destroyed another's drift content")
+
+
+class StoreOrWorkspaceTest(WorkspaceTest):
+    """Which folder may be a store and which a workspace: a store is neither a
+    workspace nor an export's destination, a project that looks like a store
+    is still a workspace, a folder given as the store loses none of its
+    files, and a kernel file system is no workspace."""
+
+    def test_a_project_that_merely_resembles_a_store_is_a_workspace(self):
+        # A tasks/ folder and a state.lock file are ordinary project content.
+        self.write("tasks/build.py", "print('build')\n")
+        self.write("state.lock", "")
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="lookalike")
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="one")["index"], 1)
+
+    def test_a_store_is_refused_as_a_workspace(self):
+        srv = self.server()
+        srv.ok("tc_init", root=self.root, name="outer")
+        res = srv.call("tc_init", root=self.store, name="inner")
+        self.assertTrue(res.is_error, res)
+        self.assertIn("inside the checkpoint store", res.text)
+
+    def test_an_export_into_a_store_is_refused(self):
+        self.write("a.txt", "one\n")
+        srv = self.server()
+        task_id = srv.ok("tc_init", root=self.root, name="exported")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        external = os.path.join(self.tmp, "shared-store")
+        other = os.path.join(self.tmp, "other")
+        write(other, "b.txt", "b\n")
+        srv.ok("tc_init", root=other, name="elsewhere", store=external)
+        for to in (self.store, os.path.join(self.store, "tasks"),
+                   os.path.join(self.store, "payload"), external,
+                   os.path.join(external, "tasks")):
+            with self.subTest(to=to):
+                res = srv.call("tc_export", root=self.root, to=to)
+                self.assertTrue(res.is_error, res)
+                self.assertIn("inside the checkpoint store", res.text)
+                self.assertFalse(os.path.exists(os.path.join(to, task_id + "-handoff")))
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        self.assertTrue(srv.ok("tc_export", root=self.root, to=out)["path"].startswith(out))
+
+    def test_kernel_pseudo_file_systems_are_refused_as_workspaces(self):
+        srv = self.server()
+        for root in ("/proc", "/sys", "/dev"):
+            if not os.path.isdir(root) or tc.file_system_type(root) not in \
+                    tc.PSEUDO_FILE_SYSTEMS:
+                continue
+            with self.subTest(root=root):
+                existed = os.path.exists(os.path.join(root, ".checkpoints"))
+                res = srv.call("tc_init", root=root, name="kernel")
+                self.assertTrue(res.is_error, res)
+                self.assertIn("file system", res.text)
+                self.assertEqual(os.path.exists(os.path.join(root, ".checkpoints")), existed)
+
+    def test_store_argument_never_deletes_files_already_there(self):
+        notes = os.path.join(self.tmp, "notes")
+        write(notes, "writing", "my novel, chapter 1\n")
+        write(notes, "drafts/.tmp-idea.txt", "an idea\n")
+        self.write("a.txt", "1\n")
+        srv = self.server()
+        srv.call("tc_init", root=self.root, name="t", store=notes)
+        for rel, data in (("writing", b"my novel, chapter 1\n"),
+                          ("drafts/.tmp-idea.txt", b"an idea\n")):
+            self.assertTrue(os.path.isfile(os.path.join(notes, *rel.split("/"))),
+                            "tc_init deleted %s from the directory given as store" % rel)
+            self.assertEqual(read(notes, rel), data)
+
+
+class DamagedRecordTest(WorkspaceTest):
+    """A damaged or half-made record is named in the error, never an internal
+    error, and the index, a cache, is read again rather than trusted."""
+
+    def init(self, srv):
+        return srv.ok("tc_init", root=self.root, name="damaged")["task_id"]
+
+    def test_a_damaged_record_is_named_not_an_internal_error(self):
+        self.write("a.txt", "one\n")
+        srv = self.server()
+        task_id = srv.ok("tc_init", root=self.root, name="damaged")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "two\n")
+        srv.ok("tc_capture", root=self.root)
+        srv.ok("tc_save", root=self.root, title="two")
+        srv.close()
+        task = os.path.join(self.store, "tasks", task_id)
+
+        def edit(rel, change):
+            path = os.path.join(self.store, rel)
+            with open(path, "rb") as fh:
+                doc = json.loads(fh.read())
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(change(doc), fh)
+
+        def manifest_of_step_one(doc):
+            table = doc.get("files") or doc.get("changes")
+            table[sorted(table)[0]] = ["f", "../../../outside", 4, 420, 0]
+            return doc
+
+        step_one = json.loads(read(task, "steps/s0001.json"))
+        step_two = json.loads(read(task, "steps/s0002.json"))
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+
+        def escaping_path(doc):
+            table = doc.get("files") or doc.get("changes")
+            table["../../escaped.txt"] = table[sorted(table)[0]] or ["f", "ab" * 32, 1, 420, 0]
+            return doc
+
+        cases = [
+            ("state.json", lambda d: dict(d, head="two"), "tc_show", {}),
+            ("steps/s0002.json", lambda d: [], "tc_show", {"index": 2}),
+            ("manifest/m%04d.json" % step_one["manifest"], manifest_of_step_one,
+             "tc_restore", {"index": 1}),
+            ("drifts/d0002.json", lambda d: dict(d, created_ns=None), "tc_compress",
+             {"keep_seconds": 0}),
+            ("../../current.json", lambda d: {"format": 1, "active": 42}, "tc_resume", {}),
+            ("manifest/m%04d.json" % step_two["manifest"], escaping_path, "tc_export",
+             {"to": out}),
+        ]
+        for rel, change, tool, args in cases:
+            with self.subTest(record=rel):
+                path = os.path.join(task, rel)
+                with open(path, "rb") as fh:
+                    good = fh.read()
+                edit(os.path.relpath(path, self.store), change)
+                srv = self.server()
+                res = srv.call(tool, root=self.root, **args)
+                self.assertTrue(res.is_error, res)
+                self.assertIn(os.path.basename(rel), res.text)
+                self.assertNotIn("internal error", res.text)
+                with open(path, "wb") as fh:
+                    fh.write(good)
+                for folder in (self.tmp, out):
+                    self.assertFalse(os.path.exists(os.path.join(folder, "escaped.txt")))
+                self.assertFalse(srv.call(tool, root=self.root, **args).is_error)
+                for name in os.listdir(out):
+                    shutil.rmtree(os.path.join(out, name))
+                srv.close()
+        # The index is only a cache: a damaged row means reading files again.
+        rows = json.loads(read(task, "index.json"))
+        rows["files"]["b.txt"] = rows["files"]["a.txt"][:7] + ["../a"]
+        with open(os.path.join(task, "index.json"), "w", encoding="utf-8") as fh:
+            json.dump(rows, fh)
+        srv = self.server()
+        health = srv.ok("tc_resume", root=self.root)["health"]
+        self.assertIn("index", " ".join(health["errors"]))
+        self.assertEqual(srv.ok("tc_save", root=self.root, title="three")["index"], 3)
+        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
+
+    def test_json_nested_past_the_parser_is_damage_not_an_internal_error(self):
+        nested = "[" * 50000 + "]" * 50000
+        self.write("a.txt", "one\n")
+        srv = self.server()
+        task_id = srv.ok("tc_init", root=self.root, name="nested")["task_id"]
+        srv.ok("tc_save", root=self.root, title="one")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = srv.ok("tc_export", root=self.root, to=out)["path"]
+        with open(os.path.join(package, "handoff.json"), "w", encoding="utf-8") as fh:
+            fh.write(nested)
+        fresh = os.path.join(self.tmp, "fresh")
+        write(fresh, "b.txt", "b\n")
+        res = srv.call("tc_import", root=fresh, package=package)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("handoff.json", res.text)
+        self.assertIn("nested too deeply", res.text)
+
+        state = os.path.join(self.store, "tasks", task_id, "state.json")
+        with open(state, "rb") as fh:
+            good = fh.read()
+        with open(state, "w", encoding="utf-8") as fh:
+            fh.write('{"head": %s}' % nested)
+        res = srv.call("tc_show", root=self.root)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("state.json", res.text)
+        with open(state, "wb") as fh:
+            fh.write(good)
+
+        # Workspace content alone: a repository can carry any pointer file.
+        other = os.path.join(self.tmp, "cloned")
+        write(other, tc.POINTER_NAME, '{"store": %s}' % nested)
+        for tool, args in (("tc_resume", {}), ("tc_init", {"name": "x"})):
+            res = srv.call(tool, root=other, **args)
+            self.assertTrue(res.is_error, res)
+            self.assertIn("store pointer", res.text)
+        srv.ok("tc_show", root=self.root)
+
+    def test_half_created_task_does_not_break_compress(self):
+        srv = self.server()
+        self.write("a.txt", "1\n")
+        srv.ok("tc_init", root=self.root, name="t")
+        os.makedirs(os.path.join(self.store, "tasks", "half-abc123", "drifts"))
+        res = srv.call("tc_compress", root=self.root)
+        self.assertFalse(res.is_error, res.text)
+
+    def test_damaged_index_cache_does_not_block_saves(self):
+        srv = self.server()
+        self.write("a.txt", "1\n")
+        task = self.init(srv)
+        srv.ok("tc_save", root=self.root, title="one")
+        with open(os.path.join(self.store, "tasks", task, "index.json"), "wb"):
+            pass  # what an index written without fsync can be after a power cut
+        self.write("a.txt", "2\n")
+        res = srv.call("tc_save", root=self.root, title="two")
+        self.assertFalse(res.is_error, res.text)
 
 
 # A file name the atomic writer's temp files would have.
