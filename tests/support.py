@@ -3,6 +3,12 @@
 Every black-box test drives the server in `scripts/tc_mcp.py` as a
 subprocess, exactly the way an MCP client does: one JSON-RPC message per line
 on stdin, one response line per request on stdout.
+
+Besides the helpers every file uses, the harnesses that several test files
+share: ToolsTest (calls checked against the tools' declared schemas),
+SeededTest and the kill helpers (servers killed at seeded random moments),
+and EditedMeanwhileTest (the core driven in-process while another program
+writes at a fixed moment).
 """
 
 import hashlib
