@@ -1,5 +1,6 @@
-"""Faults of the disk under a real server: a full file system, and parts of
-the workspace or the store that refuse writes.
+"""Faults of the disk under a real server: a full file system, parts of the
+workspace or the store that refuse writes or cannot be read, and errors only
+a failing disk gives, injected with strace.
 
 The mounts and immutable files need root; those tests are skipped otherwise.
 """

@@ -1,11 +1,12 @@
 """tc_restore through a real server: previews, byte-exact round trips, undo,
-refusals, sensitive files, permissions, symlinks, a failed apply, and folders
-nested deeper than Python's recursion limit.
+refusals, sensitive files, permissions, symlinks, a failed apply, what stands
+in the way of a recorded file, and folders nested deeper than Python's
+recursion limit.
 
-The tests drive `scripts/tc_mcp.py` as a subprocess (one calls the core's
-tree removal directly) and check real bytes on disk: the workspace after a
-restore must equal, file by file and mode by mode, the snapshot taken when
-the step was saved.
+The tests drive `scripts/tc_mcp.py` as a subprocess (two call the core
+directly: its tree removal, and a restore whose read of a file fails) and
+check real bytes on disk: the workspace after a restore must equal, file by
+file and mode by mode, the snapshot taken when the step was saved.
 """
 
 import hashlib
