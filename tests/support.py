@@ -3,11 +3,18 @@
 Every black-box test drives the server in `scripts/tc_mcp.py` as a
 subprocess, exactly the way an MCP client does: one JSON-RPC message per line
 on stdin, one response line per request on stdout.
+
+Besides the helpers every file uses, the harnesses that several test files
+share: ToolsTest (calls checked against the tools' declared schemas),
+SeededTest and the kill helpers (servers killed at seeded random moments),
+and EditedMeanwhileTest (the core driven in-process while another program
+writes at a fixed moment).
 """
 
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import stat
@@ -20,6 +27,9 @@ import unittest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.path.join(REPO, "scripts", "tc_mcp.py")
 SCRIPTS = os.path.join(REPO, "scripts")
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402  (the core, for the harnesses that drive it in-process)
+
 # How the tests start the server. It is standard library only, so it runs
 # without the site module: no site-packages, no .pth files. That keeps any
 # installed package from being picked up by mistake, and skips a start-up
@@ -282,6 +292,30 @@ def read(root, rel):
         return fh.read()
 
 
+def sha(data):
+    """The sha256 of data in hex: the name the store gives that content."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def store_holds(store, data):
+    """Whether the store's payload folder holds data, under its sha."""
+    path = os.path.join(store, "payload", sha(data)[:2], sha(data))
+    return os.path.exists(path)
+
+
+def paths_of(items):
+    """The set of paths in a list of plain paths or of {"path": ...} entries
+    (a restore plan, skipped_paths, a package's files); None counts as empty."""
+    return {item if isinstance(item, str) else item.get("path") for item in items or ()}
+
+
+def head_index(head):
+    """The step number a head value names (a number, or {"index": n}), else None."""
+    if isinstance(head, dict):
+        head = head.get("index")
+    return head if isinstance(head, int) and not isinstance(head, bool) else None
+
+
 def snapshot(root, skip=(".checkpoints", ".git")):
     """{relative path: (bytes, mode bits)} of every regular file under root."""
     out = {}
@@ -295,6 +329,11 @@ def snapshot(root, skip=(".checkpoints", ".git")):
             with open(full, "rb") as fh:
                 out[rel] = (fh.read(), os.stat(full).st_mode & 0o777)
     return out
+
+
+def file_bytes(root):
+    """{relative path: bytes} of every regular file under root, the store and .git left out."""
+    return {k: v[0] for k, v in snapshot(root).items()}
 
 
 def tree_listing(root):
@@ -443,9 +482,313 @@ class WorkspaceTest(unittest.TestCase):
     def write(self, rel, data, mode=None):
         return write(self.root, rel, data, mode)
 
+    def other_dir(self, prefix="tc-other-"):
+        """A separate temporary directory, as on another machine."""
+        path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
     def read(self, rel):
         return read(self.root, rel)
 
     @property
     def store(self):
         return os.path.join(self.root, ".checkpoints")
+
+
+# The result fields the contract promises for each tool ("all present").
+CONTRACT_RESULTS = {
+    "tc_init": ["task_id", "name", "store", "store_is_external", "prev_suspended", "exclude", "note"],
+    "tc_switch": ["task_id", "status"],
+    "tc_save": ["task_id", "index", "title", "groups", "skipped_paths", "idempotent", "closed",
+                "status", "active_task_changed", "git"],
+    "tc_capture": ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"],
+    "tc_show": ["steps", "drifts", "head", "next_cursor"],
+    "tc_restore": ["applied", "recovered", "plan", "skipped_paths"],
+    "tc_resume": ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
+                  "handoff", "health", "store", "active_task", "skipped"],
+    "tc_export": ["path", "filtered", "files"],
+    "tc_import": ["task_id"],
+    "tc_compress": ["converted", "eligible", "already_gone", "bytes_freed", "keep_seconds",
+                    "minimum", "maximum"],
+}
+
+
+# The JSON Schema types the tools' schemas use.
+_TYPES = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def schema_errors(value, schema, path="$"):
+    """The ways `value` breaks `schema` (the subset of JSON Schema our tools use)."""
+    if schema is True or not isinstance(schema, dict):
+        return []
+    errors = []
+    if "anyOf" in schema or "oneOf" in schema:
+        key = "anyOf" if "anyOf" in schema else "oneOf"
+        matches = sum(1 for alt in schema[key] if not schema_errors(value, alt, path))
+        if matches == 0 or (key == "oneOf" and matches > 1):
+            errors.append("%s: %d alternatives of %s match" % (path, matches, key))
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else list(types)
+        unknown = [t for t in types if t not in _TYPES]
+        if unknown:
+            errors.append("%s: schema uses unknown type %r" % (path, unknown))
+        if not any(_TYPES.get(t, lambda v: False)(value) for t in types):
+            return errors + ["%s: %r is not of type %s" % (path, value, types)]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append("%s: %r not in enum %r" % (path, value, schema["enum"]))
+    if "const" in schema and value != schema["const"]:
+        errors.append("%s: %r is not %r" % (path, value, schema["const"]))
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append("%s: %r below minimum %r" % (path, value, schema["minimum"]))
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append("%s: %r above maximum %r" % (path, value, schema["maximum"]))
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                errors.append("%s: required field %r missing" % (path, name))
+        for name, item in value.items():
+            if name in props:
+                errors += schema_errors(item, props[name], "%s.%s" % (path, name))
+            elif schema.get("additionalProperties") is False:
+                errors.append("%s: field %r not declared" % (path, name))
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors += schema_errors(item, schema["additionalProperties"],
+                                        "%s.%s" % (path, name))
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], "%s[%d]" % (path, i))
+    return errors
+
+
+class ToolsTest(WorkspaceTest):
+    """Calls checked against the contract: a successful result must match the
+    outputSchema its tool declares and hold every field CONTRACT_RESULTS
+    names; a refusal is one line with no traceback. One server per class
+    (each test has its own workspace); more on demand."""
+
+    _schemas = None
+    shared = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.shared = None
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.shared is not None:
+            cls.shared.close()
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        cls = type(self)
+        if cls.shared is None or cls.shared.proc.poll() is not None:
+            cls.shared = Server(env=self.server_env)
+            cls.shared.initialize()
+        self.srv = cls.shared
+        if ToolsTest._schemas is None:
+            tools = self.srv.request("tools/list")["result"]["tools"]
+            ToolsTest._schemas = {t["name"]: t for t in tools}
+        self.schemas = ToolsTest._schemas
+
+    def ok(self, name, /, srv=None, **arguments):
+        """A successful call whose result matches the tool's outputSchema."""
+        res = (srv or self.srv).call(name, **arguments)
+        self.assertFalse(res.is_error, "%s%r failed: %s" % (name, arguments, res.text))
+        result = res.raw["result"]
+        self.assertIs(result.get("isError"), False)
+        self.assertEqual(result["content"][0]["type"], "text")
+        self.assertEqual(json.loads(res.text), res.data, "text and structuredContent differ")
+        errors = schema_errors(res.data, self.schemas[name]["outputSchema"])
+        self.assertEqual(errors, [], "%s result breaks its outputSchema" % name)
+        for field in CONTRACT_RESULTS[name]:
+            self.assertIn(field, res.data)
+        return res.data
+
+    def refused(self, name, /, srv=None, **arguments):
+        """A refused call: isError with a one-line message and no traceback."""
+        res = (srv or self.srv).call(name, **arguments)
+        self.assertTrue(res.is_error, "%s%r was accepted: %r" % (name, arguments, res.data))
+        self.assertTrue(res.text.strip())
+        self.assertNotIn("Traceback", res.text)
+        self.assertNotIn("\n", res.text.strip(), "message should be one line: %r" % res.text)
+        return res
+
+    def init(self, name="Refactor auth", **kwargs):
+        return self.ok("tc_init", root=self.root, name=name, **kwargs)
+
+    def save(self, title, **kwargs):
+        return self.ok("tc_save", root=self.root, title=title, **kwargs)
+
+    def task_dir(self, task_id, store=None):
+        return os.path.join(store or self.store, "tasks", task_id)
+
+    def step_files(self, task_id, store=None):
+        steps = os.path.join(self.task_dir(task_id, store), "steps")
+        return sorted(os.listdir(steps)) if os.path.isdir(steps) else []
+
+    def prepare(self):
+        """A task with two steps, then unsaved work: src/a.py edited,
+        src/new_file.py made, src/gone.py deleted. Returns the task id."""
+        task = self.init(name="Refactor auth", goal="Move sessions to JWT",
+                         constraints="keep the public API")["task_id"]
+        self.write("src/a.py", "a = 1\n")
+        self.write("src/b.py", "b = 1\n")
+        self.write("src/gone.py", "gone = 1\n")
+        self.save("Split the module", conclusion="it splits", next="write the service")
+        self.save("Wrote the service layer", conclusion="service works",
+                  description="because reasons", next="Switch the three views",
+                  open_questions=["keep the old endpoint?"])
+        self.write("src/a.py", "a = 2  # edited after the save\n")
+        self.write("src/new_file.py", "n = 1\n")
+        os.remove(os.path.join(self.root, "src", "gone.py"))
+        return task
+
+
+# Tests that kill servers at random moments (tests/test_crash.py,
+# tests/test_rollback.py) draw those moments and their files from one seed:
+# set CRASH_SEED to replay a run; every failure message names the seed in use.
+CRASH_SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
+
+
+def fill_workspace(root, rng, files=300, dirs=12, big=2, big_size=512 * 1024):
+    """A workspace that takes a save a noticeable moment: many files, a few MB."""
+    names = []
+    for i in range(files):
+        rel = "d%02d/sub%d/f%03d.dat" % (i % dirs, i % 3, i)
+        names.append(rel)
+    for i in range(big):
+        names.append("big/b%d.bin" % i)
+    for rel in names:
+        size = big_size if rel.startswith("big/") else rng.randrange(2000, 14000)
+        write(root, rel, rng.randbytes(size))
+    return names
+
+
+def mutate(root, rng, names, tag, share=0.15):
+    """Rewrite a share of the files, delete a few, add a few (none saved)."""
+    for rel in rng.sample(names, int(len(names) * share)):
+        write(root, rel, rng.randbytes(rng.randrange(1000, 9000)))
+    for rel in rng.sample(names, 3):
+        path = os.path.join(root, *rel.split("/"))
+        if os.path.exists(path):
+            os.remove(path)
+    for i in range(3):
+        rel = "new/%s/n%d.txt" % (tag, i)
+        write(root, rel, ("%s %d %s\n" % (tag, i, rng.random())).encode())
+        names.append(rel)
+
+
+def send(srv, name, /, **arguments):
+    """Send a tools/call without waiting for its answer; returns its id."""
+    srv._id += 1
+    msg = {"jsonrpc": "2.0", "id": srv._id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}}
+    srv.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
+    return srv._id
+
+
+def kill_and_collect(srv, request_id):
+    """SIGKILL now; return the answer to request_id if it was already written."""
+    srv.proc.kill()
+    srv.proc.wait()
+    rest = srv.proc.stdout.read()
+    try:
+        srv.proc.stdin.close()
+    except OSError:
+        pass
+    srv.close()
+    for line in rest.splitlines():
+        try:
+            msg = json.loads(line.decode("utf-8"))
+        except ValueError:
+            continue
+        if msg.get("id") == request_id:
+            return msg
+    return None
+
+
+class SeededTest(WorkspaceTest):
+    """A workspace test with self.rng seeded from CRASH_SEED, and
+    self.seed_note to put in its failure messages."""
+
+    def setUp(self):
+        super().setUp()
+        self.rng = random.Random(CRASH_SEED)
+        self.seed_note = "CRASH_SEED=%d" % CRASH_SEED
+
+
+class EditedMeanwhileTest(WorkspaceTest):
+    """A core instance on the workspace (self.cp), two steps to restore
+    between, and another program that writes at a fixed moment: right after a
+    restore's or an import's journal reaches the disk, through the real
+    Journal.begin."""
+
+    def setUp(self):
+        super().setUp()
+        self.cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+
+    def edit_once_the_journal_is_written(self, edits):
+        """edits: {rel: bytes, or None to delete} written right after the
+        next journal's plan reaches the disk."""
+        original = tc.Journal.begin
+
+        def begin(journal, *args, **kwargs):
+            result = original(journal, *args, **kwargs)
+            tc.Journal.begin = original
+            for rel, data in edits.items():
+                if data is None:
+                    os.remove(os.path.join(self.root, rel))
+                else:
+                    self.write(rel, data)
+            return result
+
+        tc.Journal.begin = begin
+        self.addCleanup(setattr, tc.Journal, "begin", original)
+
+    def folder_then_file(self, inside, file_text=None):
+        """Step 1 holds the file inside (x/inside.txt) and plain.txt; at
+        step 2 inside's folder is gone, a file in its place when file_text
+        is given, and plain.txt is longer."""
+        folder = inside.rsplit("/", 1)[0]
+        self.write(inside, "in the folder at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "shapes")
+        self.cp.save(self.root, "one")
+        os.remove(os.path.join(self.root, *inside.split("/")))
+        os.rmdir(os.path.join(self.root, folder))
+        if file_text is not None:
+            self.write(folder, file_text)
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+
+    def two_steps(self):
+        """Step 1 and step 2 differ in replaced.txt, deleted.txt (only in
+        step 2) and written.txt (only in step 1); plain.txt too."""
+        self.write("replaced.txt", "replaced at step 1\n")
+        self.write("written.txt", "only at step 1\n")
+        self.write("plain.txt", "plain 1\n")
+        self.cp.init(self.root, "edits")
+        self.cp.save(self.root, "one")
+        self.write("replaced.txt", "replaced at step 2, longer\n")
+        os.remove(os.path.join(self.root, "written.txt"))
+        self.write("deleted.txt", "only at step 2\n")
+        self.write("plain.txt", "plain 2, longer\n")
+        self.cp.save(self.root, "two")
+
+    def step_files(self, index):
+        shown = self.cp.show(self.root, index=index, limit=200)["steps"][0]["files"]
+        return {f["path"]: f["sha256"] for f in shown}

@@ -14,88 +14,14 @@ message.
 import hashlib
 import json
 import os
-import random
-import shutil
 import time
 import unittest
 
-from support import WorkspaceTest, snapshot, store_problems, stored_shas, unnamed_payloads
-
-SEED = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
-
-
-def fill_workspace(root, rng, files=300, dirs=12, big=2, big_size=512 * 1024):
-    """A workspace that takes a save a noticeable moment: many files, a few MB."""
-    names = []
-    for i in range(files):
-        rel = "d%02d/sub%d/f%03d.dat" % (i % dirs, i % 3, i)
-        names.append(rel)
-    for i in range(big):
-        names.append("big/b%d.bin" % i)
-    for rel in names:
-        size = big_size if rel.startswith("big/") else rng.randrange(2000, 14000)
-        write_bytes(root, rel, rng.randbytes(size))
-    return names
+from support import (SeededTest, fill_workspace, kill_and_collect, mutate, send, snapshot,
+                     store_problems, stored_shas, unnamed_payloads, write)
 
 
-def write_bytes(root, rel, data, mode=None):
-    path = os.path.join(root, *rel.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(data)
-    if mode is not None:
-        os.chmod(path, mode)
-
-
-def mutate(root, rng, names, tag, share=0.15):
-    """Rewrite a share of the files, delete a few, add a few (none saved)."""
-    for rel in rng.sample(names, int(len(names) * share)):
-        write_bytes(root, rel, rng.randbytes(rng.randrange(1000, 9000)))
-    for rel in rng.sample(names, 3):
-        path = os.path.join(root, *rel.split("/"))
-        if os.path.exists(path):
-            os.remove(path)
-    for i in range(3):
-        rel = "new/%s/n%d.txt" % (tag, i)
-        write_bytes(root, rel, ("%s %d %s\n" % (tag, i, rng.random())).encode())
-        names.append(rel)
-
-
-def send(srv, name, /, **arguments):
-    """Send a tools/call without waiting for its answer; returns its id."""
-    srv._id += 1
-    msg = {"jsonrpc": "2.0", "id": srv._id, "method": "tools/call",
-           "params": {"name": name, "arguments": arguments}}
-    srv.send_raw((json.dumps(msg) + "\n").encode("utf-8"))
-    return srv._id
-
-
-def kill_and_collect(srv, request_id):
-    """SIGKILL now; return the answer to request_id if it was already written."""
-    srv.proc.kill()
-    srv.proc.wait()
-    rest = srv.proc.stdout.read()
-    try:
-        srv.proc.stdin.close()
-    except OSError:
-        pass
-    srv.close()
-    for line in rest.splitlines():
-        try:
-            msg = json.loads(line.decode("utf-8"))
-        except ValueError:
-            continue
-        if msg.get("id") == request_id:
-            return msg
-    return None
-
-
-class CrashTest(WorkspaceTest):
-
-    def setUp(self):
-        super().setUp()
-        self.rng = random.Random(SEED)
-        self.seed_note = "CRASH_SEED=%d" % SEED
+class CrashTest(SeededTest):
 
     def save_args(self, title):
         return dict(root=self.root, title=title, conclusion="reached " + title,
@@ -111,59 +37,6 @@ class CrashTest(WorkspaceTest):
     def step_indices(self, srv):
         shown = srv.ok("tc_show", root=self.root, limit=200)
         return [step["index"] for step in shown["steps"]]
-
-    def interrupted_restore(self, srv, root, journal_base, ready=None):
-        """Kill srv while a restore of root to step 1 has its journal on disk
-        and has written over some of the files (or, with ready, once
-        ready() holds)."""
-        ready = ready or (lambda: self.some_written(root, journal_base))
-        for _attempt in range(5):
-            request_id = send(srv, "tc_restore", root=root, index=1, apply=True)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not ready():
-                pass
-            answer = kill_and_collect(srv, request_id)
-            if answer is None and os.listdir(journal_base):
-                return
-            srv = self.server()  # it finished first: undo it and try again
-            if answer is not None:
-                srv.ok("tc_restore", root=root,
-                       drift_id=answer["result"]["structuredContent"]["recovered"], apply=True)
-        self.fail("the restore always finished before it could be killed")
-
-    @staticmethod
-    def some_written(root, journal_base):
-        try:
-            (name,) = os.listdir(journal_base)
-            plan = os.path.join(journal_base, name, "plan.json")
-            with open(plan, encoding="utf-8") as fh:
-                entries = json.load(fh)["entries"]
-            started = os.stat(plan).st_mtime_ns
-        except (OSError, ValueError):
-            return False
-        for rel, before, *_after in entries:
-            try:
-                if before and os.stat(os.path.join(root, rel)).st_mtime_ns >= started:
-                    return True
-            except OSError:
-                continue
-        return False
-
-    def restore_cut_short(self, name):
-        """A task with one step, unsaved edits to most files, and a restore
-        to the step killed midway: (the workspace before the restore, the
-        journal folder, the plan's entries [rel, before, after])."""
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name=name)
-        srv.ok("tc_save", root=self.root, title="one")
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.root)
-        journal_base = os.path.join(self.store, "journal")
-        self.interrupted_restore(srv, self.root, journal_base)
-        plan = os.path.join(journal_base, os.listdir(journal_base)[0], "plan.json")
-        with open(plan, encoding="utf-8") as fh:
-            return before, journal_base, json.load(fh)["entries"]
 
     def newest_drift(self, srv):
         shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
@@ -212,8 +85,8 @@ class KillDuringInit(CrashTest):
         # The narrow window itself: an init that died after its first record
         # but before its state, as a dead writer leaves it (marker included).
         orphan = os.path.join(self.store, "tasks", "dead-init-0a0b0c")
-        write_bytes(orphan, "manifest/m0001.json", b'{"n": 1, "full": true, "depth": 0, "files": {}}')
-        write_bytes(self.store, "writing", b"")
+        write(orphan, "manifest/m0001.json", b'{"n": 1, "full": true, "depth": 0, "files": {}}')
+        write(self.store, "writing", b"")
         after = self.server()
         self.check_store(after)
         self.assertFalse(os.path.exists(orphan), "a half-made task directory was kept")
@@ -300,7 +173,7 @@ class KilledSaveContent(CrashTest):
         known = snapshot(self.root)
         before = set(stored_shas(self.store))
         for rel in names:  # every file gets content the store has never seen
-            write_bytes(self.root, rel, self.rng.randbytes(self.rng.randrange(2000, 9000)))
+            write(self.root, rel, self.rng.randbytes(self.rng.randrange(2000, 9000)))
         request_id = send(srv, "tc_save", **self.save_args("killed"))
         deadline = time.monotonic() + 30
         while len(set(stored_shas(self.store)) - before) < 20 and time.monotonic() < deadline:
@@ -328,7 +201,7 @@ class KilledSaveContent(CrashTest):
         self.assertTrue(snapshot(self.root) == known, "step 1 does not restore byte-exact")
         # The save goes through now, with its content stored again.
         for rel in names[:50]:
-            write_bytes(self.root, rel, self.rng.randbytes(3000))
+            write(self.root, rel, self.rng.randbytes(3000))
         again = srv.ok("tc_save", **self.save_args("after the kill"))
         state = snapshot(self.root)
         srv.ok("tc_restore", root=self.root, index=1, apply=True)
@@ -343,11 +216,11 @@ class TornRecords(CrashTest):
         # What a power cut can leave after a save's records were written but
         # before they were flushed and the state pointed at them: names whose
         # bytes are missing or cut short, and the store's "writing" marker.
-        write_bytes(self.root, "a.txt", b"one\n")
+        write(self.root, "a.txt", b"one\n")
         srv = self.server()
         task = srv.ok("tc_init", root=self.root, name="torn")["task_id"]
         srv.ok("tc_save", **self.save_args("one"))
-        write_bytes(self.root, "a.txt", b"two\n")
+        write(self.root, "a.txt", b"two\n")
         srv.ok("tc_save", **self.save_args("two"))
         srv.close()
         task_dir = os.path.join(self.store, "tasks", task)
@@ -363,7 +236,7 @@ class TornRecords(CrashTest):
             pass
 
         srv = self.server()
-        write_bytes(self.root, "a.txt", b"three\n")
+        write(self.root, "a.txt", b"three\n")
         third = srv.ok("tc_save", **self.save_args("three"))
         self.assertEqual(third["index"], 3)
         self.assertEqual(self.step_indices(srv), [1, 2, 3])
@@ -375,12 +248,11 @@ class TornRecords(CrashTest):
         with open(os.path.join(self.root, "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), b"two\n")
 
-
     def test_content_cut_short_by_a_dead_writer_is_never_relied_on(self):
         # Stored content is written straight to its final name. A writer
         # killed midway leaves it short, with the "writing" marker; the next
         # server must not take that file for the content its name promises.
-        write_bytes(self.root, "a.txt", b"one\n")
+        write(self.root, "a.txt", b"one\n")
         srv = self.server()
         srv.ok("tc_init", root=self.root, name="short payload")
         srv.ok("tc_save", **self.save_args("one"))
@@ -388,21 +260,21 @@ class TornRecords(CrashTest):
         coming = b"the content of the next save\n" * 50
         sha = hashlib.sha256(coming).hexdigest()
         short = os.path.join(self.store, "payload", sha[:2], sha)
-        write_bytes(self.store, "writing", b"")
-        write_bytes(os.path.dirname(short), sha, coming[:100])
+        write(self.store, "writing", b"")
+        write(os.path.dirname(short), sha, coming[:100])
         older = os.path.join(self.store, "payload", "ab", "ab" + "0" * 62)
-        write_bytes(os.path.dirname(older), os.path.basename(older), b"not this content")
+        write(os.path.dirname(older), os.path.basename(older), b"not this content")
         os.utime(older, ns=(1, 1))  # written long before the marker: not looked at
 
         srv = self.server()
-        write_bytes(self.root, "a.txt", coming)
+        write(self.root, "a.txt", coming)
         srv.ok("tc_save", **self.save_args("two"))
         with open(short, "rb") as fh:
             self.assertEqual(fh.read(), coming, "the short copy was kept")
         self.assertTrue(os.path.exists(older))
         os.remove(older)
         self.check_store(srv)
-        write_bytes(self.root, "a.txt", b"three\n")
+        write(self.root, "a.txt", b"three\n")
         srv.ok("tc_restore", root=self.root, index=2, apply=True)
         with open(os.path.join(self.root, "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), coming)
@@ -435,9 +307,9 @@ class KillDuringRestore(CrashTest):
         for round_no in range(4):
             target = 1 if base == 2 else 2
             mutate(self.root, self.rng, names, "u%d" % round_no, share=0.1)
-            write_bytes(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)
+            write(self.root, "unsaved-%d.txt" % round_no, os.urandom(64), mode=0o600)
             for i in range(250):
-                write_bytes(self.root, "scratch/r%d/%03d.txt" % (round_no, i), os.urandom(40))
+                write(self.root, "scratch/r%d/%03d.txt" % (round_no, i), os.urandom(40))
             before = snapshot(self.root)
             request_id = send(srv, "tc_restore", root=self.root, index=target, apply=True)
             delay = self.rng.uniform(0, took * 1.5)
@@ -491,286 +363,6 @@ class KillDuringRestore(CrashTest):
             srv.ok("tc_restore", root=self.root, index=index, apply=True)
             self.assertTrue(snapshot(self.root) == steps[index],
                             "%s: step %d does not restore byte-exact" % (self.seed_note, index))
-
-
-class RollbackWaitsForItsWorkspace(CrashTest):
-    """A restore killed midway in a workspace whose store is elsewhere. While
-    the workspace may come back (its disk not mounted: nothing there, or an
-    empty mount point) its rollback waits, and nothing is written into the
-    stand-in. A workspace that was removed (the folder that held it is still
-    the same folder) has its records rolled back, and the store goes on."""
-
-    def setUp(self):
-        super().setUp()
-        self.disk = os.path.join(self.tmp, "disk")  # stands for a mount point
-        self.ws = os.path.join(self.disk, "ws")
-        self.shared = os.path.join(self.tmp, "shared-store")
-        self.other = os.path.join(self.tmp, "other")
-        os.makedirs(self.other)
-        self.journal_base = os.path.join(self.shared, "journal")
-
-    def prepare(self):
-        """A half-done restore of self.ws; the workspace as it was before it."""
-        names = fill_workspace(self.ws, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.ws, name="away", store=self.shared)
-        srv.ok("tc_save", root=self.ws, title="one")
-        mutate(self.ws, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.ws)
-        srv.ok("tc_init", root=self.other, name="neighbour", store=self.shared)
-        self.interrupted_restore(srv, self.ws, self.journal_base)
-        return before
-
-    def assert_waiting(self, srv, pending):
-        health = srv.ok("tc_resume", root=self.other)["health"]
-        self.assertFalse(health["ok"])
-        self.assertTrue(any(self.ws in error for error in health["errors"]), health)
-        refused = srv.call("tc_save", root=self.other, title="blocked")
-        self.assertTrue(refused.is_error)
-        self.assertIn(self.ws, refused.text)
-        self.assertIn(os.path.join(self.journal_base, pending[0]), refused.text)
-        self.assertEqual(os.listdir(self.journal_base), pending)
-
-    def test_a_rollback_waits_while_its_disk_is_not_mounted(self):
-        before = self.prepare()
-        pending = os.listdir(self.journal_base)
-        away = self.disk + "-away"
-        os.rename(self.disk, away)  # unmounted: the mount point is another, empty folder
-        os.mkdir(self.disk)
-        srv = self.server()
-        self.assert_waiting(srv, pending)
-        os.rmdir(self.disk)
-        os.rename(away, self.disk)
-        os.rename(self.ws, self.ws + "-tmp")
-        os.mkdir(self.ws)  # the workspace was the mount point: now empty
-        self.assert_waiting(srv, pending)
-        self.assertEqual(os.listdir(self.ws), [], "the rollback wrote into the stand-in")
-        srv.close()
-
-        os.rmdir(self.ws)
-        os.rename(self.ws + "-tmp", self.ws)  # mounted again
-        srv = self.server()
-        srv.ok("tc_show", root=self.ws)
-        self.assertEqual(os.listdir(self.journal_base) if os.path.isdir(self.journal_base)
-                         else [], [])
-        self.assertTrue(snapshot(self.ws) == before, "the unsaved edits did not come back")
-        self.assertEqual(srv.ok("tc_save", root=self.other, title="free again")["index"], 1)
-        self.assertTrue(srv.ok("tc_resume", root=self.ws)["health"]["ok"])
-
-    def test_a_removed_workspace_does_not_block_the_store_and_its_content_is_kept(self):
-        self.prepare()
-        plan = os.path.join(self.journal_base, os.listdir(self.journal_base)[0], "plan.json")
-        with open(plan, encoding="utf-8") as fh:
-            undo = {rel: before[0] for rel, before, *_after in json.load(fh)["entries"]
-                    if before}
-        moved = self.ws + "-moved"
-        os.rename(self.ws, moved)  # gone from where it was (moved, or thrown away)
-        srv = self.server()
-        self.assertTrue(srv.ok("tc_resume", root=self.other)["health"]["ok"])
-        self.assertEqual(srv.ok("tc_save", root=self.other, title="goes on")["index"], 1)
-        self.assertEqual(os.listdir(self.journal_base) if os.path.isdir(self.journal_base)
-                         else [], [])
-        self.assertEqual(store_problems(self.shared), [])
-        # What the files held before the restore stays, named, through a compress.
-        srv.ok("tc_compress", root=self.other, keep_seconds=0, minimum=0, maximum=0)
-        kept_dir = os.path.join(self.shared, "kept")
-        (kept,) = os.listdir(kept_dir)
-        with open(os.path.join(kept_dir, kept), encoding="utf-8") as fh:
-            listed = json.load(fh)
-        self.assertEqual(listed["root"], self.ws)
-        self.assertEqual({rel: before[0] for rel, before in listed["files"].items()}, undo)
-        for sha in undo.values():
-            self.assertTrue(os.path.exists(os.path.join(self.shared, "payload", sha[:2], sha)))
-
-    def test_a_workspace_renamed_with_its_store_is_rolled_back_where_it_is_now(self):
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="renamed")
-        srv.ok("tc_save", root=self.root, title="one")
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.root)
-        self.interrupted_restore(srv, self.root,
-                                 os.path.join(self.root, ".checkpoints", "journal"))
-        renamed = self.root + "-renamed"
-        os.rename(self.root, renamed)
-        self.server().call("tc_resume", root=renamed)  # its lock rolls the journal back
-        self.assertTrue(snapshot(renamed) == before, "the unsaved edits did not come back")
-        self.assertEqual(os.listdir(os.path.join(renamed, ".checkpoints", "journal"))
-                         if os.path.isdir(os.path.join(renamed, ".checkpoints", "journal"))
-                         else [], [])
-
-
-class RollbackMeetsATakenPath(CrashTest):
-    """After a crash mid-restore, the user made something at the path of a
-    file the rollback would put back: a folder with a file in it where the
-    file was, a file where its folder was. The rollback leaves what is
-    there, puts every other file back, keeps the content it could not put
-    back, and the store goes on."""
-
-    def test_the_rollback_leaves_a_taken_path_alone_and_keeps_its_content(self):
-        before, journal_base, entries = self.restore_cut_short("taken")
-        undo = {rel: old[0] for rel, old, *_after in entries if old}
-        first = sorted(undo)[0]
-        folder = next(rel.rsplit("/", 1)[0] for rel in sorted(undo)
-                      if not rel.startswith(first.split("/")[0] + "/"))
-        victim = os.path.join(self.root, *first.split("/"))
-        if os.path.exists(victim):
-            os.remove(victim)
-        write_bytes(victim, "mine.txt", b"made after the crash\n")
-        shutil.rmtree(os.path.join(self.root, *folder.split("/")))
-        write_bytes(self.root, folder, b"a file where a folder was\n")
-        taken = {rel for rel in undo if rel == first or rel.startswith(folder + "/")}
-
-        srv = self.server()
-        self.assertEqual(srv.ok("tc_save", root=self.root, title="goes on")["index"], 2)
-        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
-        now = snapshot(self.root)
-        self.assertEqual(now[first + "/mine.txt"][0], b"made after the crash\n")
-        self.assertEqual(now[folder][0], b"a file where a folder was\n")
-        for rel, data in before.items():
-            if rel != first and not rel.startswith(folder + "/"):
-                self.assertTrue(now.get(rel) == data, "%s was not put back" % rel)
-        (kept,) = os.listdir(os.path.join(self.store, "kept"))
-        with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
-            listed = json.load(fh)["files"]
-        self.assertEqual({rel: sha for rel, (sha, _mode) in listed.items()},
-                         {rel: undo[rel] for rel in taken})
-        srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0, maximum=0)
-        for rel in taken:
-            sha = undo[rel]
-            with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
-                self.assertEqual(hashlib.sha256(fh.read()).hexdigest(), sha)
-        self.assertTrue(srv.ok("tc_resume", root=self.root)["health"]["ok"])
-
-
-class EditsAfterTheCrash(CrashTest):
-    """Files edited between a crash mid-restore and the rollback at the next
-    call: the rollback still puts the workspace back as it was before the
-    restore, but keeps what the edits made first."""
-
-    def test_what_files_held_when_the_rollback_found_them_is_kept(self):
-        before, journal_base, entries = self.restore_cut_short("edits")
-        replaced = [rel for rel, old, new in entries if old and new]
-        deleted = next(rel for rel, old, new in entries if old and not new)
-        written = next(rel for rel, old, new in entries if not old)
-        edits = {rel: ("edited after the crash: %s\n" % rel).encode()
-                 for rel in (replaced[0], deleted, written)}
-        for rel, data in edits.items():
-            write_bytes(self.root, rel, data)
-        # One edited past what is ever stored (sparse: no room taken) stays as it is.
-        huge = os.path.join(self.root, *replaced[1].split("/"))
-        os.truncate(huge, 101 * 1024 * 1024)
-        self.server().ok("tc_show", root=self.root)  # its lock rolls the journal back
-        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
-        self.assertEqual(os.path.getsize(huge), 101 * 1024 * 1024)
-        now = snapshot(self.root)
-        del now[replaced[1]], before[replaced[1]]
-        self.assertTrue(now == before, "the workspace did not come back")
-        (kept,) = os.listdir(os.path.join(self.store, "kept"))
-        with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
-            doc = json.load(fh)
-        listed = doc["edited"]
-        self.assertEqual(list(doc["files"]), [replaced[1]])
-        self.assertNotIn(replaced[1], listed)
-        for rel, data in edits.items():
-            sha = hashlib.sha256(data).hexdigest()
-            self.assertEqual(listed[rel][0], sha, rel)
-            with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
-                self.assertEqual(fh.read(), data)
-
-
-class KeptContentOutlivesCompress(CrashTest):
-
-    def test_content_a_rollback_kept_survives_a_compress_of_its_twins(self):
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="kept")
-        srv.ok("tc_save", root=self.root, title="one")
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        victim = names[0]
-        precious = b"unsaved, and soon only in the store\n"
-        # The same bytes once recorded for another path, in a drift compress may reclaim.
-        write_bytes(self.root, "twin.txt", precious)
-        srv.ok("tc_capture", root=self.root)
-        write_bytes(self.root, "twin.txt", b"changed since\n")
-        srv.ok("tc_capture", root=self.root)
-        write_bytes(self.root, victim, precious)  # recorded by no drift
-        journal_base = os.path.join(self.store, "journal")
-        self.interrupted_restore(srv, self.root, journal_base)
-        full = os.path.join(self.root, *victim.split("/"))
-        if os.path.exists(full):
-            os.remove(full)
-        write_bytes(full, "mine.txt", b"a folder made after the crash\n")
-        srv = self.server()
-        srv.ok("tc_save", root=self.root, title="two")
-        srv.ok("tc_compress", root=self.root, keep_seconds=0, minimum=0, maximum=0)
-        sha = hashlib.sha256(precious).hexdigest()
-        with open(os.path.join(self.store, "payload", sha[:2], sha), "rb") as fh:
-            self.assertEqual(fh.read(), precious)
-
-
-class RollbackThroughTheRestoresOwnFolders(CrashTest):
-
-    def interrupted_over_a_file(self, nested):
-        """Step one has folders (nested) where the workspace now has a file
-        'a' with unsaved edits; a restore to step one killed after it made
-        those folders. Returns the workspace as it was before the restore."""
-        names = fill_workspace(self.root, self.rng, files=600, big=4)
-        folder = self.root
-        for part in nested.split("/")[:-1]:  # one at a time: os.makedirs recurses
-            folder = os.path.join(folder, part)
-            os.mkdir(folder)
-        write_bytes(self.root, nested, b"in step one\n")
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="nested")
-        srv.ok("tc_save", root=self.root, title="one")
-        folders = [os.path.join(self.root, *nested.split("/")[:n])
-                   for n in range(1, nested.count("/") + 1)]
-        os.remove(os.path.join(self.root, *nested.split("/")))
-        for folder in reversed(folders):  # deepest first (shutil.rmtree recurses)
-            os.rmdir(folder)
-        write_bytes(self.root, "a", b"unsaved edits in a file named a\n")
-        mutate(self.root, self.rng, names, "unsaved", share=0.9)
-        before = snapshot(self.root)
-        deepest = os.path.join(self.root, *nested.split("/"))
-        self.interrupted_restore(srv, self.root, os.path.join(self.store, "journal"),
-                                 ready=lambda: os.path.exists(deepest))
-        self.assertTrue(os.path.isdir(folders[-1]),
-                        "the restore was killed before it made the folders")
-        return before
-
-    def roll_back(self):
-        self.server().ok("tc_show", root=self.root)  # its lock rolls the journal back
-        journal_base = os.path.join(self.store, "journal")
-        self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
-
-    def test_a_file_where_the_restore_made_folders_is_put_back(self):
-        before = self.interrupted_over_a_file("a/x/y.txt")
-        self.roll_back()
-        self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
-        kept = os.path.join(self.store, "kept")
-        for name in os.listdir(kept) if os.path.isdir(kept) else []:
-            with open(os.path.join(kept, name), encoding="utf-8") as fh:
-                self.assertEqual(json.load(fh)["files"], {}, "a file was not put back")
-
-    def test_a_file_where_the_restore_made_a_thousand_folders_deep_is_put_back(self):
-        before = self.interrupted_over_a_file("a/" + "d/" * 1100 + "y.txt")
-        self.roll_back()
-        self.assertTrue(snapshot(self.root) == before, "the workspace did not come back")
-
-    def test_folders_made_in_them_after_the_crash_are_left_alone(self):
-        before = self.interrupted_over_a_file("a/x/y.txt")
-        for n in range(10):
-            os.mkdir(os.path.join(self.root, "a", "e%d" % n))
-        write_bytes(self.root, "a/x/notes.txt", b"made after the crash\n")
-        self.roll_back()
-        self.assertEqual(sorted(os.listdir(os.path.join(self.root, "a"))),
-                         ["e%d" % n for n in range(10)] + ["x"])
-        self.assertEqual(os.listdir(os.path.join(self.root, "a", "x")), ["notes.txt"])
-        (kept,) = os.listdir(os.path.join(self.store, "kept"))
-        with open(os.path.join(self.store, "kept", kept), encoding="utf-8") as fh:
-            listed = json.load(fh)["files"]
-        self.assertEqual(listed["a"][0], hashlib.sha256(before["a"][0]).hexdigest())
 
 
 def differing(one, other):

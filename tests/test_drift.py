@@ -2,7 +2,8 @@
 by drift id, and tc_compress.
 
 The watcher tests run with a one-second interval and a three-second quiet
-period ceiling, and poll for what they expect instead of sleeping a fixed time.
+period ceiling, and poll for what they expect instead of sleeping a fixed time;
+QuietPeriodTest drives the watcher's tick in-process, with its own clock.
 """
 
 import hashlib
@@ -15,8 +16,11 @@ import threading
 import time
 import unittest
 
-from support import (SCRIPTS, WorkspaceTest, can_symlink, drift_key, drift_paths, snapshot, stored_shas,
-                     tree_listing, unnamed_payloads)
+from support import (SCRIPTS, WorkspaceTest, can_symlink, drift_key, drift_paths, paths_of, snapshot,
+                     stored_shas, tree_listing, unnamed_payloads)
+
+sys.path.insert(0, SCRIPTS)
+import tc  # noqa: E402
 
 # Short ticks keep the suite fast; the behaviour is the same at any interval.
 TICK = 0.25
@@ -36,11 +40,6 @@ def wait_for(predicate, timeout, interval=0.2):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
-
-
-def entry_paths(entries):
-    """Paths out of a list of plain strings or {path: ...} objects."""
-    return {e if isinstance(e, str) else e.get("path") for e in entries}
 
 
 def all_drifts(srv, root):
@@ -346,10 +345,10 @@ class DriftRestoreTest(WorkspaceTest):
         plan = preview["plan"]
         for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
             self.assertIn(key, plan)
-        self.assertIn("extra.txt", entry_paths(plan["to_delete"]))
-        self.assertIn("sub/c.txt", entry_paths(plan["to_write"]))
-        self.assertTrue({"a.txt", "bin.dat"} <= entry_paths(plan["to_replace"]), plan)
-        self.assertNotIn("run.sh", entry_paths(plan["to_replace"]) | entry_paths(plan["to_write"]))
+        self.assertIn("extra.txt", paths_of(plan["to_delete"]))
+        self.assertIn("sub/c.txt", paths_of(plan["to_write"]))
+        self.assertTrue({"a.txt", "bin.dat"} <= paths_of(plan["to_replace"]), plan)
+        self.assertNotIn("run.sh", paths_of(plan["to_replace"]) | paths_of(plan["to_write"]))
 
         done = srv.ok("tc_restore", root=self.root, drift_id=drift, apply=True)
         self.assertIs(done["applied"], True)
@@ -534,6 +533,26 @@ class CompressTest(WorkspaceTest):
         srv.ok("tc_restore", root=self.root, index=1, apply=True)
         srv.ok("tc_restore", root=self.root, index=2, apply=True)
         self.assertEqual(snapshot(self.root), state2)
+
+
+class QuietPeriodTest(WorkspaceTest):
+    """The watcher's tick driven with its own clock."""
+
+    def test_watcher_capture_after_a_quiet_period_is_not_partial(self):
+        cp = tc.Checkpoints(tc.Config(watch=True, watch_interval=3600, drift_max_wait=60,
+                                      git=False))
+        self.write("a.txt", "1\n")
+        cp.init(self.root, "t")
+        cp.start_watcher()
+        try:
+            self.write("a.txt", "changed once\n")
+            self.assertEqual(cp.watcher.tick(self.root, now=100.0), "wait")
+            self.assertEqual(cp.watcher.tick(self.root, now=101.0), "capture")
+        finally:
+            cp.stop_watcher()
+        drift = cp.show(self.root, include_drift=True)["drifts"][-1]
+        self.assertEqual(drift["kind"], "watch")
+        self.assertFalse(drift["partial"], "a capture after a quiet period is marked partial")
 
 
 if __name__ == "__main__":

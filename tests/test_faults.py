@@ -1,5 +1,6 @@
-"""Faults of the disk under a real server: a full file system, and parts of
-the workspace or the store that refuse writes.
+"""Faults of the disk under a real server: a full file system, parts of the
+workspace or the store that refuse writes or cannot be read, and errors only
+a failing disk gives, injected with strace.
 
 The mounts and immutable files need root; those tests are skipped otherwise.
 """
@@ -329,6 +330,42 @@ class UnwritablePartsTest(WorkspaceTest):
         finally:
             subprocess.run(["chattr", "-i", current])
 
+    @unittest.skipUnless(hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("mount"), "needs root to bind-mount read-only")
+    def test_read_only_workspace_keeps_read_tools_working(self):
+        store = os.path.join(self.tmp, "store")
+        srv = self.server(env={"TC_STORE": store})
+        self.write("a.txt", "1\n")
+        srv.ok("tc_init", root=self.root, name="t")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "2\n")
+        self.write("c.txt", "new\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        other = os.path.join(self.tmp, "other")
+        write(other, "a.txt", "from elsewhere\n")
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        elsewhere = self.server(env={"TC_STORE": os.path.join(self.tmp, "store2")})
+        elsewhere.ok("tc_init", root=other, name="other")
+        package = elsewhere.ok("tc_export", root=other, to=out)["path"]
+        if subprocess.run(["mount", "--bind", self.root, self.root],
+                          stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("bind mounts are not allowed here")
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", self.root], check=True)
+            failed = srv.call("tc_restore", root=self.root, index=1, apply=True)
+            self.assertTrue(failed.is_error)
+            self.assertNotIn("could not be fully undone", failed.text,
+                             "nothing was changed, yet the restore says it could not be undone")
+            self.assertIn("read-only: make it writable", failed.text)
+            resumed = srv.call("tc_resume", root=self.root)
+            self.assertFalse(resumed.is_error, "read-only tc_resume fails: " + resumed.text)
+            failed = srv.call("tc_import", root=self.root, package=package)
+            self.assertTrue(failed.is_error)
+            self.assertIn("nothing was changed: Read-only file system: 'a.txt'", failed.text)
+        finally:
+            subprocess.run(["umount", self.root])
+
 
 def traced(command, *strace_args):
     """command run under strace with strace_args (fault injection), or None
@@ -559,7 +596,6 @@ class UnprivilegedServerTest(WorkspaceTest):
         self.write("a.txt", "two\n")  # a real change is still reported
         self.assertEqual(srv.ok("tc_resume", root=self.root)["drift_paths"], ["a.txt"])
 
-
     @unittest.skipUnless(keeps_mode_bits(), "needs permission bits that stop a write")
     def test_a_restore_refused_by_a_folder_names_the_whole_path(self):
         self.write("lk/in/kept.txt", "one\n")
@@ -752,53 +788,6 @@ class RemoveFileTest(unittest.TestCase):
         self.assertTrue(os.path.exists(path))
         self.assertFalse(tc.remove_file(os.path.join(folder, "never-there")))
         self.assertTrue(tc.remove_file(path))
-
-
-class KeptListTest(unittest.TestCase):
-
-    def test_a_rollback_run_again_adds_to_what_its_first_run_kept(self):
-        store_dir = tempfile.mkdtemp(prefix="tc-kept-")
-        self.addCleanup(shutil.rmtree, store_dir, True)
-        store = tc.Store(store_dir, lambda line: None)
-        data = {"op": "restore", "op_id": "restore-1-abcd", "root": "/nowhere"}
-        one, two, three = ("%064x" % n for n in (1, 2, 3))
-        kept = tc.KeptList(store, data["op"], data["op_id"], data["root"])
-        kept.write({}, {"a.txt": [one, 0o644]})  # a first run, cut short
-        kept.write({"b.txt": [two, 0o644]}, {"c.txt": [three, 0o600]})
-        with open(os.path.join(store_dir, "kept", "restore-1-abcd.json"), encoding="utf-8") as fh:
-            doc = json.load(fh)
-        self.assertEqual(doc["files"], {"b.txt": [two, 0o644]})
-        self.assertEqual(doc["edited"], {"a.txt": [one, 0o644], "c.txt": [three, 0o600]})
-
-
-class RollbackLogTest(unittest.TestCase):
-
-    def test_a_rollback_that_keeps_failing_is_logged_once(self):
-        store_dir = tempfile.mkdtemp(prefix="tc-rollback-")
-        self.addCleanup(shutil.rmtree, store_dir, True)
-        journal = os.path.join(store_dir, "journal", "restore-1-abcd")
-        os.makedirs(journal)
-        # The record to put back is now a folder: writing it back fails each time.
-        os.makedirs(os.path.join(store_dir, "tasks", "t", "state.json", "inside"))
-        write(journal, "backup-0", "{}")
-        plan = {"op": "restore", "op_id": "restore-1-abcd", "root": store_dir, "entries": [],
-                "created_dirs": [], "store_new": [], "store_new_dirs": [],
-                "store_backup": {"tasks/t/state.json": "backup-0"}, "payloads_new": []}
-        write(journal, "plan.json", json.dumps(plan))
-        lines = []
-        store = tc.Store(store_dir, lines.append)
-        for _ in range(5):
-            with store.lock:
-                pass
-        failures = [line for line in lines if "failed" in line]
-        self.assertEqual(len(failures), 1, lines)
-        self.assertEqual(len(lines), 2, lines)
-        os.rmdir(os.path.join(store_dir, "tasks", "t", "state.json", "inside"))
-        os.rmdir(os.path.join(store_dir, "tasks", "t", "state.json"))
-        with store.lock:
-            pass
-        self.assertFalse(os.path.exists(journal))
-        self.assertIn("after all", lines[-1])
 
 
 if __name__ == "__main__":

@@ -1005,7 +1005,6 @@ class GitEnvironmentTest(GitCase):
         self.assertTrue(os.path.exists(marker), "the hook is live for plain git")
 
 
-
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
 
@@ -1117,6 +1116,23 @@ class TreeBuildTest(GitCase):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.assertEqual(fsck.returncode, 0, fsck.stderr)
         self.assertTreeMatches(self.root, ref_of(task, 2), expected_tree(self.root))
+
+
+class ClosingSaveTest(GitCase):
+    """A closing save that makes a new step gets that step's ref."""
+
+    def test_closing_save_that_makes_a_step_gets_its_ref(self):
+        make_git_repo(self.root)
+        srv = self.server(env={"TC_GIT": "on"})
+        task = srv.ok("tc_init", root=self.root, name="t")["task_id"]
+        self.write("a.txt", "1\n")
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write("a.txt", "2\n")
+        closed = srv.ok("tc_save", root=self.root, title="final", close=True)
+        self.assertFalse(closed["idempotent"])
+        ref = "refs/checkpoints/%s/s%04d" % (task, closed["index"])
+        self.assertEqual(closed["git"]["ref"], ref, closed["git"])
+        self.assertIn(ref.encode(), git(self.root, "for-each-ref", "refs/checkpoints/"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""Handoff packages (tc_export / tc_import) and external stores, through the
-real server.
+"""Handoff packages (tc_export / tc_import) through the real server.
 
 A package is a directory `<task_id>-handoff/` with HANDOFF.md, a
 machine-readable description (a JSON file at the top of the package) and the
@@ -18,8 +17,9 @@ import threading
 import time
 import unittest
 
-from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, keeps_mode_bits,
-                     path_max, read, snapshot, tree_listing, write)
+from support import (SCRIPTS, Server, WorkspaceTest, can_symlink, clean_env, file_bytes,
+                     keeps_mode_bits, path_max, paths_of, read, sha, snapshot, store_holds,
+                     tree_listing, write)
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -35,11 +35,6 @@ def note_of(store, package):
     with open(note, "w") as fh:
         json.dump({"tmp": package}, fh)
     return note
-
-
-def entry_paths(entries):
-    """Paths out of a list of plain strings or {path: ...} objects."""
-    return {e if isinstance(e, str) else e.get("path") for e in entries}
 
 
 def workspace_state(root):
@@ -65,10 +60,6 @@ def hashed_state(root):
     """{path: (sha256, mode)}: cheap to compare and to print."""
     return {k: (hashlib.sha256(v[0]).hexdigest()[:16], v[1])
             for k, v in workspace_state(root).items()}
-
-
-def file_bytes(root):
-    return {k: v[0] for k, v in workspace_state(root).items()}
 
 
 def package_files(package):
@@ -139,15 +130,23 @@ def content_copy(package, rel):
     return os.path.join(package, *matches[0].split("/"))
 
 
+def make_package(directory, task_id, files, step=None):
+    """A hand-made handoff package: files is [(path, bytes, mode)]."""
+    pkg = os.path.join(directory, "%s-handoff" % task_id)
+    entries = []
+    for rel, data, mode in files:
+        write(pkg, "files/" + rel, data)
+        entries.append({"path": rel, "sha256": sha(data), "size": len(data), "mode": mode})
+    desc = {"format": 1, "task": {"task_id": task_id, "name": "imported"}, "step": step,
+            "files": entries, "filtered": [], "history": []}
+    with open(os.path.join(pkg, "handoff.json"), "w", encoding="utf-8") as fh:
+        json.dump(desc, fh)
+    return pkg
+
+
 class HandoffBase(WorkspaceTest):
 
     server_env = {"TC_WATCH": "off"}
-
-    def other_dir(self, prefix="tc-other-"):
-        """A separate temporary directory, as on another machine."""
-        path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
-        self.addCleanup(shutil.rmtree, path, True)
-        return path
 
     def make_source(self, srv, root=None):
         """Source files and a task with one step; returns (task_id, {path: bytes})."""
@@ -234,8 +233,8 @@ class ExportImportTest(HandoffBase):
         package = os.path.join(out, task_id + "-handoff")
         self.assertEqual(res["path"], package)
         self.assertTrue(os.path.isdir(package))
-        self.assertEqual(entry_paths(res["files"]), set(files))
-        self.assertTrue(sensitive <= entry_paths(res["filtered"]), res["filtered"])
+        self.assertEqual(paths_of(res["files"]), set(files))
+        self.assertTrue(sensitive <= paths_of(res["filtered"]), res["filtered"])
         for rel in package_files(package):
             self.assertNotIn(os.path.basename(rel), {".env", "prod_credentials.json", "id_rsa"})
             path = os.path.join(package, rel)
@@ -306,7 +305,7 @@ class ExportImportTest(HandoffBase):
         self.write("src/new.py", "x = 1\n")
         res = self.export(srv)
         self.assertEqual(res["changed_since_step"], ["src/app.py", "src/new.py"])
-        self.assertEqual(entry_paths(res["files"]), set(files))
+        self.assertEqual(paths_of(res["files"]), set(files))
         with open(content_copy(res["path"], "src/app.py"), "rb") as fh:
             self.assertEqual(fh.read(), files["src/app.py"], "the package holds the step")
         with open(os.path.join(res["path"], "HANDOFF.md"), encoding="utf-8") as fh:
@@ -328,14 +327,14 @@ class ExportImportTest(HandoffBase):
         restored = srv.ok("tc_restore", root=self.root, drift_id="d0001", apply=True)
         self.assertEqual(restored["plan"]["unrestorable"][0]["path"], ".env")
         res = self.export(srv)
-        self.assertEqual((entry_paths(res["files"]), res["changed_since_step"]), ({"a.txt"}, []))
+        self.assertEqual((paths_of(res["files"]), res["changed_since_step"]), ({"a.txt"}, []))
         with open(content_copy(res["path"], "a.txt"), "rb") as fh:
             self.assertEqual(fh.read(), b"zero\n")
         other = os.path.join(self.other_dir(), "ws")
         os.makedirs(other)
         srv.ok("tc_import", root=other, package=res["path"])
         again = self.export(srv, root=other)
-        self.assertEqual((entry_paths(again["files"]), again["changed_since_step"]),
+        self.assertEqual((paths_of(again["files"]), again["changed_since_step"]),
                          ({"a.txt"}, []))
 
     def test_export_destination_must_be_an_existing_absolute_directory(self):
@@ -767,6 +766,127 @@ class CraftedPackageTest(HandoffBase):
         self.assertEqual(got["mine.txt"], b"the receiver's own work\n")
 
 
+class HandMadePackageTest(WorkspaceTest):
+    """Packages written by hand (make_package): what an import refuses, and
+    what it never writes over."""
+
+    def test_import_never_writes_into_git_or_sensitive_files(self):
+        os.makedirs(os.path.join(self.root, ".git", "hooks"))
+        self.write(".env", "SECRET=mine\n")
+        pkg = make_package(self.tmp, "evil-1", [
+            (".git/hooks/pre-commit", b"#!/bin/sh\necho owned\n", 0o755),
+            (".env", b"SECRET=theirs\n", 0o644),
+            ("ok.txt", b"ok\n", 0o644)])
+        srv = self.server()
+        srv.call("tc_import", root=self.root, package=pkg)
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".git", "hooks", "pre-commit")),
+                         "a package wrote a git hook")
+        self.assertEqual(self.read(".env"), b"SECRET=mine\n", "a package overwrote .env")
+        self.assertFalse(store_holds(self.store, b"SECRET=mine\n"),
+                         "the content of .env reached the store")
+
+    def test_import_does_not_silently_overwrite_unsaved_work(self):
+        pkg = make_package(self.tmp, "other-1", [("notes.txt", b"from the package\n", 0o644)],
+                           step={"index": 1, "title": "one"})
+        self.write("notes.txt", "my own unsaved work\n")
+        srv = self.server()
+        res = srv.call("tc_import", root=self.root, package=pkg)
+        if res.is_error:
+            self.assertEqual(self.read("notes.txt"), b"my own unsaved work\n")
+            return
+        if self.read("notes.txt") == b"my own unsaved work\n":
+            return
+        # Overwritten: some drift record must bring the old bytes back.
+        drifts = srv.ok("tc_show", root=self.root, include_drift=True)["drifts"]
+        for drift in drifts:
+            if srv.call("tc_restore", root=self.root, drift_id=drift["id"],
+                        apply=True).is_error:
+                continue
+            if self.read("notes.txt") == b"my own unsaved work\n":
+                return
+        self.fail("tc_import replaced notes.txt and nothing can bring the old bytes back")
+
+    def test_package_entries_that_would_damage_the_store_are_refused(self):
+        # Whatever a package says ends up in the store's records: a content
+        # name that is a path, a size that is not a number, a history entry of
+        # the wrong form, a step without a title. Each is refused up front.
+        srv = self.server()
+
+        def edited(n, change):
+            pkg = make_package(os.path.join(self.tmp, "bad%d" % n), "bad-%d" % n,
+                               [("a.txt", b"a\n", 0o644)], step={"index": 1, "title": "one"})
+            path = os.path.join(pkg, "handoff.json")
+            with open(path, "rb") as fh:
+                desc = json.loads(fh.read())
+            change(desc)
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(desc, fh)
+            return pkg
+
+        escape = "../../../../" + os.path.basename(self.tmp) + "-escaped"
+        cases = [
+            lambda d: d["files"][0].update(sha256=escape),
+            lambda d: d["files"][0].update(size="1"),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["s", "ab" * 32, 2, 420, 0]}}]),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["f", sha(b"a\n"), -2, 420, 0]}}]),
+            lambda d: d.update(step={"index": 1}),
+            lambda d: d.update(step={"index": 1, "title": "one", "verified": "yes"}),
+            lambda d: d.update(history=[{"step": {"index": 2, "title": "two"}, "files": {}}]),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"}, "files": {}}] * 2),
+            # Fields that look right to a lax reader and would be recorded wrong.
+            lambda d: d["files"][0].update(size=999999),
+            lambda d: d.update(history=[{"step": {"index": 1, "title": "one"},
+                                         "files": {"a.txt": ["f", sha(b"a\n"), 5, 420, 0]}}]),
+            lambda d: d["task"].update(exclude="zq"),
+            lambda d: d.update(format=True),
+            lambda d: d.update(format=1.0),
+            lambda d: d["task"].update(task_id=d["task"]["task_id"] + "\n"),
+        ]
+        for n, change in enumerate(cases):
+            with self.subTest(case=n):
+                res = srv.call("tc_import", root=self.root, package=edited(n, change))
+                self.assertTrue(res.is_error, res)
+                self.assertRegex(res.text, "malformed|twice|lacks|gives|size its content"
+                                 "|format|exclude must be|not a valid task id")
+                self.assertFalse(os.path.exists(os.path.join(self.store, "tasks", "bad-%d" % n)))
+                self.assertFalse(os.path.exists(self.root + "/a.txt"))
+        self.assertEqual([n for n in os.listdir(os.path.dirname(self.tmp))
+                          if n.endswith("-escaped")], [])
+
+    def test_a_folder_that_is_no_package_is_named_so(self):
+        plain = os.path.join(self.tmp, "project")
+        write(plain, "src/a.py", "print(1)\n")
+        if can_symlink():  # not every Windows user may make one
+            os.symlink("src/a.py", os.path.join(plain, "link.py"))
+        res = self.server().call("tc_import", root=self.root, package=plain)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("has no handoff.json", res.text)
+
+    @unittest.skipUnless(can_symlink(), "needs the right to make symlinks")
+    def test_a_linked_package_description_is_refused_unread(self):
+        pkg = make_package(self.tmp, "linked-1", [("a.txt", b"a\n", 0o644)])
+        described = os.path.join(pkg, "handoff.json")
+        os.rename(described, os.path.join(self.tmp, "elsewhere.json"))
+        os.symlink(os.path.join(self.tmp, "elsewhere.json"), described)
+        res = self.server().call("tc_import", root=self.root, package=pkg)
+        self.assertTrue(res.is_error, res)
+        self.assertIn("symlink", res.text)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "a.txt")))
+
+    def test_malformed_package_step_is_a_tool_error(self):
+        srv = self.server()
+        for n, step in enumerate(({"index": "1", "title": "x"}, {"title": "no index"},
+                                  ["x"], {"index": -3, "title": "x"})):
+            pkg = make_package(os.path.join(self.tmp, "p%d" % n), "imp-%d" % n,
+                               [("a.txt", b"a", 0o644)], step=step)
+            reply = srv.request("tools/call", {"name": "tc_import", "arguments": {
+                "root": self.root, "package": pkg}})
+            self.assertNotIn("error", reply, (step, reply))
+            self.assertTrue(reply["result"]["isError"], (step, reply))
+
+
 class InterruptedTest(HandoffBase):
     """SIGKILL in the middle of an export or an import.
 
@@ -970,145 +1090,6 @@ class InterruptedTest(HandoffBase):
                 self.check_after_restart(target, package, task_id, before, complete, why)
 
 
-class StoreTest(HandoffBase):
-    """External stores, the pointer file, and workspaces sharing one store."""
-
-    def two_workspaces(self):
-        w1 = os.path.join(self.tmp, "w1")
-        w2 = os.path.join(self.tmp, "w2")
-        for root, tag in ((w1, "w1"), (w2, "w2")):
-            os.makedirs(os.path.join(root, "src"))
-            for rel, data in (("%s_only.txt" % tag, tag), ("common.txt", "common " + tag),
-                              ("src/%s_code.py" % tag, "x = '%s'\n" % tag)):
-                with open(os.path.join(root, *rel.split("/")), "w") as fh:
-                    fh.write(data)
-        return w1, w2
-
-    def check_isolated(self, srv, w1, w2, store):
-        t1 = srv.ok("tc_init", root=w1, name="first", goal="goal one")["task_id"]
-        t2 = srv.ok("tc_init", root=w2, name="second", goal="goal two")["task_id"]
-        srv.ok("tc_save", root=w1, title="w1 step", conclusion="c1", next="n1")
-        srv.ok("tc_save", root=w2, title="w2 step", conclusion="c2", next="n2")
-        s1, s2 = file_bytes(w1), file_bytes(w2)
-        for root in (w1, w2):
-            self.assertFalse(os.path.exists(os.path.join(root, ".checkpoints")))
-            with open(os.path.join(root, ".task-checkpoint-store.json")) as fh:
-                pointer = json.load(fh)
-            self.assertEqual(os.path.realpath(pointer["store"]), os.path.realpath(store))
-        self.assertTrue(os.path.isdir(os.path.join(store, "tasks", t1)))
-        self.assertTrue(os.path.isdir(os.path.join(store, "tasks", t2)))
-
-        with open(os.path.join(w1, "w1_late.txt"), "w") as fh:
-            fh.write("late w1\n")
-        with open(os.path.join(w1, "common.txt"), "w") as fh:
-            fh.write("common w1, edited\n")
-        r1 = srv.ok("tc_resume", root=w1)
-        r2 = srv.ok("tc_resume", root=w2)
-        self.assertEqual((r1["goal"], r2["goal"]), ("goal one", "goal two"))
-        self.assertEqual(r2["drift_paths"], [], r2)
-        self.assertIn("w1_late.txt", json.dumps(r1["drift_paths"]))
-        self.assertNotIn("w2", json.dumps(r1["drift_paths"]))
-        self.assertFalse(srv.ok("tc_capture", root=w2)["captured"])
-        self.assertTrue(srv.ok("tc_capture", root=w1)["captured"])
-        srv.ok("tc_save", root=w1, title="w1 second", conclusion="c", next="n")
-        for root, foreign in ((w1, "w2_"), (w2, "w1_")):
-            shown = srv.ok("tc_show", root=root, include_drift=True, limit=200)
-            self.assertNotIn(foreign, json.dumps(shown), root)
-            self.assertNotIn(foreign, json.dumps(srv.ok("tc_resume", root=root)), root)
-            plan = srv.ok("tc_restore", root=root, index=1, apply=False)["plan"]
-            self.assertNotIn(foreign, json.dumps(plan), root)
-        srv.ok("tc_restore", root=w1, index=1, apply=True)
-        srv.ok("tc_restore", root=w2, index=1, apply=True)
-        self.assertEqual(file_bytes(w1), s1)
-        self.assertEqual(file_bytes(w2), s2)
-        return t1, t2
-
-    def test_workspaces_sharing_store_via_env_stay_isolated(self):
-        store = os.path.join(self.tmp, "shared-store")
-        w1, w2 = self.two_workspaces()
-        srv = self.server(env={"TC_STORE": store})
-        self.check_isolated(srv, w1, w2, store)
-
-    def test_workspaces_sharing_store_via_init_argument_stay_isolated(self):
-        store = os.path.join(self.other_dir("tc-store-"), "store")
-        w1, w2 = self.two_workspaces()
-        srv = self.server()
-        t1 = srv.ok("tc_init", root=w1, name="first", goal="goal one", store=store)
-        self.assertTrue(t1["store_is_external"], t1)
-        srv.ok("tc_init", root=w2, name="second", goal="goal two", store=store)
-        self.check_isolated(srv, w1, w2, store)
-
-    def test_new_server_without_env_finds_store_through_pointer(self):
-        store = os.path.join(self.other_dir("tc-store-"), "store")
-        first = self.server(env={"TC_STORE": store})
-        self.write("a.txt", "a\n")
-        init = first.ok("tc_init", root=self.root, name="pointer", goal="pointer goal")
-        self.assertTrue(init["store_is_external"], init)
-        first.ok("tc_save", root=self.root, title="one", conclusion="c", next="pointer next")
-        first.close()
-        with open(os.path.join(self.root, ".task-checkpoint-store.json")) as fh:
-            self.assertEqual(os.path.realpath(json.load(fh)["store"]), os.path.realpath(store))
-
-        second = self.server()  # no TC_STORE in its environment
-        self.assertNotIn("TC_STORE", second.env)
-        resume = second.ok("tc_resume", root=self.root)
-        self.assertEqual((resume["goal"], resume["next"]), ("pointer goal", "pointer next"))
-        self.write("a.txt", "a, second step\n")
-        self.assertEqual(second.ok("tc_save", root=self.root, title="two")["index"], 2)
-        self.assertTrue(os.path.isfile(os.path.join(
-            store, "tasks", init["task_id"], "steps", "s0002.json")))
-        self.assertFalse(os.path.exists(os.path.join(self.root, ".checkpoints")))
-
-    def test_a_tc_store_elsewhere_says_where_the_workspaces_tasks_are(self):
-        self.write("a.txt", "a\n")
-        srv = self.server()
-        task = srv.ok("tc_init", root=self.root, name="own store")["task_id"]
-        srv.ok("tc_save", root=self.root, title="one")
-        other = os.path.join(self.other_dir("tc-store-"), "store")
-        elsewhere = self.server(env={"TC_STORE": other})
-        for tool, args in (("tc_resume", {}), ("tc_save", {"title": "two"})):
-            res = elsewhere.call(tool, root=self.root, **args)
-            self.assertTrue(res.is_error, res)
-            self.assertIn(task, res.text)
-            self.assertIn(os.path.join(self.root, ".checkpoints"), res.text)
-            self.assertIn("unset TC_STORE", res.text)
-        self.assertFalse(os.path.exists(other))
-
-    def test_store_equal_to_root_is_refused(self):
-        self.write("a.txt", "a\n")
-        srv = self.server()
-        before = tree_listing(self.root)
-        for store in (self.root, self.root + "/", os.path.join(self.root, "sub", "..")):
-            res = srv.call("tc_init", root=self.root, name="same", goal="g", store=store)
-            self.assertTrue(res.is_error, (store, res))
-            self.assertEqual(tree_listing(self.root), before, store)
-        env_srv = self.server(env={"TC_STORE": self.root})
-        res = env_srv.call("tc_init", root=self.root, name="same", goal="g")
-        self.assertTrue(res.is_error, res)
-        self.assertEqual(tree_listing(self.root), before)
-
-    def test_store_inside_workspace_is_never_scanned(self):
-        self.write("a.txt", "a\n")
-        srv = self.server()
-        inner = os.path.join(self.root, "inner-store")
-        srv.ok("tc_init", root=self.root, name="inner", goal="g", store=inner)
-        srv.ok("tc_save", root=self.root, title="one", conclusion="c", next="n")
-        self.write("a.txt", "a2\n")
-        srv.ok("tc_save", root=self.root, title="two", conclusion="c", next="n")
-        self.assertFalse(srv.ok("tc_capture", root=self.root)["captured"])
-        shown = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)
-        self.assertNotIn("inner-store", json.dumps(shown))
-        resume = srv.ok("tc_resume", root=self.root)
-        resume.pop("store")  # the one field that names the store on purpose
-        self.assertNotIn("inner-store", json.dumps(resume))
-        plan = srv.ok("tc_restore", root=self.root, index=1, apply=False)["plan"]
-        self.assertNotIn("inner-store", json.dumps(plan))
-
-
-if __name__ == "__main__":
-    unittest.main()
-
-
 LIST_AS_USER = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -1151,3 +1132,7 @@ class UnreadableFolderTest(unittest.TestCase):
         proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.strip(), "['files/src/app.py']")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import unittest
 
 from support import SCRIPTS, WorkspaceTest, drift_key, drift_paths
@@ -400,86 +399,6 @@ class WrittenDuringARestoreTest(WorkspaceTest):
         files = {f["path"]: f["sha256"] for f in cp.show(self.root, index=step)["steps"][0]["files"]}
         self.assertEqual(files["big.bin"], hashlib.sha256(on_disk).hexdigest())
 
-
-
-class ChangingWhileReadTest(WorkspaceTest):
-    """A file rewritten while a save reads it: each step must hold a state
-    the file really had, never the first part of one version joined to the
-    rest of the next."""
-
-    server_env = {"TC_WATCH": "off"}
-    SIZE = 4 << 20
-
-    def test_a_step_never_holds_a_mix_of_two_versions(self):
-        path = os.path.join(self.root, "big.bin")
-        with open(path, "wb") as fh:
-            fh.write(b"A" * self.SIZE)
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="torn")
-        stop = threading.Event()
-
-        def rewrite():
-            letter = 0
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                while not stop.is_set():
-                    block = bytes([ord("B") + letter % 20]) * (256 << 10)
-                    for offset in range(0, self.SIZE, len(block)):
-                        os.pwrite(fd, block, offset)
-                    letter += 1
-            finally:
-                os.close(fd)
-
-        writer = threading.Thread(target=rewrite)
-        writer.start()
-        try:
-            steps = [srv.ok("tc_save", root=self.root, title="save %d" % number)["index"]
-                     for number in range(8)]
-        finally:
-            stop.set()
-            writer.join()
-        for index in steps:
-            srv.ok("tc_restore", root=self.root, index=index, apply=True)
-            with open(path, "rb") as fh:
-                data = fh.read()
-            self.assertEqual(len(data), self.SIZE)
-            self.assertEqual(data.count(data[:1]), self.SIZE,
-                             "step %d holds a mix of versions: %r" % (index, sorted(set(data))))
-
-    def test_a_file_appended_to_while_it_is_read_is_recorded(self):
-        path = os.path.join(self.root, "train.log")
-        with open(path, "wb") as fh:
-            fh.write(b"warming up\n" * (self.SIZE // 11))
-        srv = self.server()
-        srv.ok("tc_init", root=self.root, name="log")
-        stop = threading.Event()
-
-        def append():
-            number = 0
-            with open(path, "ab", buffering=0) as fh:
-                while not stop.is_set():
-                    fh.write(b"epoch %d loss 0.%04d\n" % (number, number % 9973))
-                    number += 1
-                    stop.wait(0.001)
-
-        writer = threading.Thread(target=append)
-        writer.start()
-        try:
-            saves = [srv.ok("tc_save", root=self.root, title="save %d" % n) for n in range(4)]
-        finally:
-            stop.set()
-            writer.join()
-        with open(path, "rb") as fh:
-            final = fh.read()
-        for saved in saves:
-            self.assertNotIn("train.log", [p["path"] for p in saved["skipped_paths"]], saved)
-        for saved in saves:
-            srv.ok("tc_restore", root=self.root, index=saved["index"], apply=True)
-            with open(path, "rb") as fh:
-                held = fh.read()
-            self.assertGreaterEqual(len(held), self.SIZE // 11 * 11)
-            self.assertTrue(final.startswith(held), "step %d is no state the log had"
-                            % saved["index"])
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,7 +1,8 @@
 """Every tool's success path and its refusals, through a real server subprocess.
 
 Each successful result is checked against the outputSchema that tools/list
-declares for that tool, and its text content must be the same object as JSON.
+declares for that tool, and its text content must be the same object as JSON
+(ToolsTest in tests/support.py; tests/test_store.py uses it too).
 """
 
 import hashlib
@@ -9,31 +10,14 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
 import tempfile
 import unittest
 
 import support
-from support import Server, WorkspaceTest, snapshot, tree_listing, write
+from support import CONTRACT_RESULTS, ToolsTest, head_index, paths_of, schema_errors, tree_listing, write
 
-# The result fields the contract promises for each tool ("all present").
-CONTRACT_RESULTS = {
-    "tc_init": ["task_id", "name", "store", "store_is_external", "prev_suspended", "exclude", "note"],
-    "tc_switch": ["task_id", "status"],
-    "tc_save": ["task_id", "index", "title", "groups", "skipped_paths", "idempotent", "closed",
-                "status", "active_task_changed", "git"],
-    "tc_capture": ["captured", "waiting", "drift_id", "partial", "reads", "skipped_paths"],
-    "tc_show": ["steps", "drifts", "head", "next_cursor"],
-    "tc_restore": ["applied", "recovered", "plan", "skipped_paths"],
-    "tc_resume": ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
-                  "handoff", "health", "store", "active_task", "skipped"],
-    "tc_export": ["path", "filtered", "files"],
-    "tc_import": ["task_id"],
-    "tc_compress": ["converted", "eligible", "already_gone", "bytes_freed", "keep_seconds",
-                    "minimum", "maximum"],
-}
-
+# The arguments the contract names for each tool: (required, optional).
 CONTRACT_ARGUMENTS = {
     "tc_init": (["root", "name"], ["goal", "constraints", "store", "exclude"]),
     "tc_switch": (["root", "task_id"], []),
@@ -50,64 +34,6 @@ CONTRACT_ARGUMENTS = {
 
 PLAIN_ID = re.compile(r"[A-Za-z0-9._-]+")
 DRIFT_ID = re.compile(r"d\d{4,}")
-
-
-# ---------------------------------------------------------------- JSON Schema
-_TYPES = {
-    "null": lambda v: v is None,
-    "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "string": lambda v: isinstance(v, str),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-}
-
-
-def schema_errors(value, schema, path="$"):
-    """The ways `value` breaks `schema` (the subset of JSON Schema our tools use)."""
-    if schema is True or not isinstance(schema, dict):
-        return []
-    errors = []
-    if "anyOf" in schema or "oneOf" in schema:
-        key = "anyOf" if "anyOf" in schema else "oneOf"
-        matches = sum(1 for alt in schema[key] if not schema_errors(value, alt, path))
-        if matches == 0 or (key == "oneOf" and matches > 1):
-            errors.append("%s: %d alternatives of %s match" % (path, matches, key))
-    types = schema.get("type")
-    if types is not None:
-        types = [types] if isinstance(types, str) else list(types)
-        unknown = [t for t in types if t not in _TYPES]
-        if unknown:
-            errors.append("%s: schema uses unknown type %r" % (path, unknown))
-        if not any(_TYPES.get(t, lambda v: False)(value) for t in types):
-            return errors + ["%s: %r is not of type %s" % (path, value, types)]
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append("%s: %r not in enum %r" % (path, value, schema["enum"]))
-    if "const" in schema and value != schema["const"]:
-        errors.append("%s: %r is not %r" % (path, value, schema["const"]))
-    if _TYPES["number"](value):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append("%s: %r below minimum %r" % (path, value, schema["minimum"]))
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append("%s: %r above maximum %r" % (path, value, schema["maximum"]))
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                errors.append("%s: required field %r missing" % (path, name))
-        for name, item in value.items():
-            if name in props:
-                errors += schema_errors(item, props[name], "%s.%s" % (path, name))
-            elif schema.get("additionalProperties") is False:
-                errors.append("%s: field %r not declared" % (path, name))
-            elif isinstance(schema.get("additionalProperties"), dict):
-                errors += schema_errors(item, schema["additionalProperties"],
-                                        "%s.%s" % (path, name))
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            errors += schema_errors(item, schema["items"], "%s[%d]" % (path, i))
-    return errors
 
 
 class SchemaCheckerTest(unittest.TestCase):
@@ -132,26 +58,6 @@ class SchemaCheckerTest(unittest.TestCase):
 
 
 # ---------------------------------------------------------------- helpers
-def paths_of(items):
-    """Path strings from a list of strings or of objects with a `path` field."""
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, dict):
-            for key in ("path", "rel", "file", "name"):
-                if isinstance(item.get(key), str):
-                    out.append(item[key])
-                    break
-    return out
-
-
-def head_index(head):
-    if isinstance(head, dict):
-        return head.get("index")
-    return head
-
-
 def drift_ids(drifts):
     out = []
     for d in drifts:
@@ -160,72 +66,6 @@ def drift_ids(drifts):
         else:
             out.append(d.get("drift_id") or d.get("id"))
     return out
-
-
-class ToolsTest(WorkspaceTest):
-    """One server per class (each test has its own workspace); more on demand."""
-
-    _schemas = None
-    shared = None
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.shared = None
-
-    @classmethod
-    def tearDownClass(cls):
-        if cls.shared is not None:
-            cls.shared.close()
-        super().tearDownClass()
-
-    def setUp(self):
-        super().setUp()
-        cls = type(self)
-        if cls.shared is None or cls.shared.proc.poll() is not None:
-            cls.shared = Server(env=self.server_env)
-            cls.shared.initialize()
-        self.srv = cls.shared
-        if ToolsTest._schemas is None:
-            tools = self.srv.request("tools/list")["result"]["tools"]
-            ToolsTest._schemas = {t["name"]: t for t in tools}
-        self.schemas = ToolsTest._schemas
-
-    def ok(self, name, /, srv=None, **arguments):
-        """A successful call whose result matches the tool's outputSchema."""
-        res = (srv or self.srv).call(name, **arguments)
-        self.assertFalse(res.is_error, "%s%r failed: %s" % (name, arguments, res.text))
-        result = res.raw["result"]
-        self.assertIs(result.get("isError"), False)
-        self.assertEqual(result["content"][0]["type"], "text")
-        self.assertEqual(json.loads(res.text), res.data, "text and structuredContent differ")
-        errors = schema_errors(res.data, self.schemas[name]["outputSchema"])
-        self.assertEqual(errors, [], "%s result breaks its outputSchema" % name)
-        for field in CONTRACT_RESULTS[name]:
-            self.assertIn(field, res.data)
-        return res.data
-
-    def refused(self, name, /, srv=None, **arguments):
-        """A refused call: isError with a one-line message and no traceback."""
-        res = (srv or self.srv).call(name, **arguments)
-        self.assertTrue(res.is_error, "%s%r was accepted: %r" % (name, arguments, res.data))
-        self.assertTrue(res.text.strip())
-        self.assertNotIn("Traceback", res.text)
-        self.assertNotIn("\n", res.text.strip(), "message should be one line: %r" % res.text)
-        return res
-
-    def init(self, name="Refactor auth", **kwargs):
-        return self.ok("tc_init", root=self.root, name=name, **kwargs)
-
-    def save(self, title, **kwargs):
-        return self.ok("tc_save", root=self.root, title=title, **kwargs)
-
-    def task_dir(self, task_id, store=None):
-        return os.path.join(store or self.store, "tasks", task_id)
-
-    def step_files(self, task_id, store=None):
-        steps = os.path.join(self.task_dir(task_id, store), "steps")
-        return sorted(os.listdir(steps)) if os.path.isdir(steps) else []
 
 
 # ---------------------------------------------------------------- schemas
@@ -323,202 +163,6 @@ class InitSwitchTest(ToolsTest):
         before = tree_listing(self.tmp)
         self.refused("tc_switch", root=self.root, task_id="no-such-task-123456")
         self.assertEqual(tree_listing(self.tmp), before)
-
-    def test_external_store(self):
-        ext = os.path.join(self.tmp, "ext-store")
-        res = self.init(store=ext)
-        self.assertEqual(os.path.realpath(res["store"]), ext)
-        self.assertIs(res["store_is_external"], True)
-        with open(os.path.join(self.root, ".task-checkpoint-store.json"), encoding="utf-8") as fh:
-            pointer = json.load(fh)
-        self.assertEqual(os.path.realpath(pointer["store"]), ext)
-        self.assertFalse(os.path.exists(self.store))
-        self.write("a.txt", "x\n")
-        saved = self.save("one")
-        self.assertEqual(self.step_files(res["task_id"], ext), ["s0001.json"])
-        # A new server process finds the store through the pointer.
-        other = self.server()
-        resumed = self.ok("tc_resume", srv=other, root=self.root)
-        self.assertEqual(head_index(resumed["head"]), saved["index"])
-        self.assertEqual(os.path.realpath(resumed["store"]), ext)
-
-    def test_a_task_in_another_store_than_the_workspace_tasks_is_refused(self):
-        first = self.init(name="first")["task_id"]
-        self.save("first step", next="go on with first")
-        second = self.init(name="second")["task_id"]  # suspends first, same store
-        ext = os.path.join(self.tmp, "ext-store")
-        res = self.refused("tc_init", root=self.root, name="third", store=ext)
-        self.assertIn("tasks %r, %r are kept in %r" % tuple(sorted([first, second]) + [self.store]),
-                      res.text)
-        self.assertFalse(os.path.exists(ext))
-        self.assertFalse(os.path.exists(os.path.join(self.root, ".task-checkpoint-store.json")))
-        self.assertEqual(self.ok("tc_resume", root=self.root)["active_task"], second)
-        self.ok("tc_switch", root=self.root, task_id=first)
-        self.assertEqual(self.ok("tc_resume", root=self.root)["next"], "go on with first")
-        # A workspace whose tasks are in an external store: the same holds.
-        other = os.path.join(self.tmp, "other-ws")
-        write(other, "a.txt", "a\n")
-        kept = self.ok("tc_init", root=other, name="kept", store=ext)["task_id"]
-        res = self.refused("tc_init", root=other, name="next",
-                           store=os.path.join(self.tmp, "ext-two"))
-        self.assertIn("task %r is kept in %r" % (kept, ext), res.text)
-        # The way out named is the workspace's pointer, not the shared store.
-        self.assertIn("delete %r" % os.path.join(other, ".task-checkpoint-store.json"), res.text)
-        self.assertFalse(os.path.exists(os.path.join(self.tmp, "ext-two")))
-        # The same store again is fine, and so is a store holding only
-        # other workspaces' tasks.
-        self.assertEqual(self.ok("tc_init", root=other, name="here too", store=ext)[
-            "prev_suspended"], kept)
-        third = os.path.join(self.tmp, "third-ws")
-        write(third, "b.txt", "b\n")
-        self.assertTrue(self.ok("tc_init", root=third, name="third", store=ext)[
-            "store_is_external"])
-
-    def test_tc_store_naming_another_store_than_the_workspace_tasks_is_refused(self):
-        mine = self.init(name="mine")["task_id"]
-        elsewhere = os.path.join(self.tmp, "env-store")
-        other = Server(env={"TC_STORE": elsewhere})
-        self.addCleanup(other.close)
-        other.initialize()
-        for arguments in ({}, {"store": elsewhere}):
-            res = self.refused("tc_init", srv=other, root=self.root, name="theirs", **arguments)
-            self.assertIn("task %r is kept in %r" % (mine, self.store), res.text)
-            self.assertIn("TC_STORE" if not arguments else "Leave out store", res.text)
-        self.assertFalse(os.path.exists(elsewhere))
-        self.assertFalse(os.path.exists(os.path.join(self.root, ".task-checkpoint-store.json")))
-        self.assertEqual(self.ok("tc_resume", root=self.root)["task_id"], mine)
-
-    def test_a_damaged_task_of_the_workspace_counts_as_its_own(self):
-        mine = self.init(name="mine")["task_id"]
-        state = os.path.join(self.task_dir(mine), "state.json")
-        with open(state, "r+b") as fh:
-            fh.truncate(10)  # torn: no workspace can be read from it
-        res = self.refused("tc_init", root=self.root, name="next",
-                           store=os.path.join(self.tmp, "ext"))
-        self.assertIn("%r (damaged) is kept in" % mine, res.text)
-        self.assertFalse(os.path.exists(os.path.join(self.tmp, "ext")))
-
-    def test_the_way_out_named_for_a_linked_store_folder_is_that_folder(self):
-        elsewhere = os.path.join(self.tmp, "linked-store")
-        os.makedirs(elsewhere)
-        os.symlink(elsewhere, os.path.join(self.root, ".checkpoints"))
-        mine = self.init(name="mine")["task_id"]
-        pointer = os.path.join(self.root, ".task-checkpoint-store.json")
-        self.assertTrue(os.path.isfile(pointer))  # the store lies outside, behind the link
-        # Both the pointer and the link lead to the store: both ways out are named.
-        res = self.refused("tc_init", root=self.root, name="next",
-                           store=os.path.join(self.tmp, "ext"))
-        self.assertIn("delete %r" % pointer, res.text)
-        self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
-        os.remove(pointer)  # the link alone leads to the same store
-        res = self.refused("tc_init", root=self.root, name="next",
-                           store=os.path.join(self.tmp, "ext"))
-        self.assertIn(mine, res.text)
-        self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
-        self.assertNotIn(".task-checkpoint-store.json", res.text)
-        # A pointer file that is a link is not read, so it is no way out either.
-        target = os.path.join(self.tmp, "pointer-elsewhere.json")
-        with open(target, "w") as fh:
-            json.dump({"store": os.path.join(self.tmp, "ext")}, fh)
-        os.symlink(target, pointer)
-        res = self.refused("tc_init", root=self.root, name="next",
-                           store=os.path.join(self.tmp, "ext"))
-        self.assertIn("move %r aside" % os.path.join(self.root, ".checkpoints"), res.text)
-        # Doing so, the new task goes to the store asked for, and stays found:
-        # the link is replaced by a pointer file.
-        os.rename(os.path.join(self.root, ".checkpoints"), os.path.join(self.tmp, "aside"))
-        after = self.init(name="next", store=os.path.join(self.tmp, "ext"))["task_id"]
-        self.assertFalse(os.path.islink(pointer))
-        self.assertEqual(self.ok("tc_resume", root=self.root)["task_id"], after)
-        fresh = Server()
-        self.addCleanup(fresh.close)
-        fresh.initialize()
-        self.assertEqual(fresh.ok("tc_resume", root=self.root)["task_id"], after)
-
-    def test_a_store_folder_holding_only_a_gitignore_counts_as_empty(self):
-        ext = os.path.join(self.tmp, "ext-store")
-        os.makedirs(ext)
-        with open(os.path.join(ext, ".gitignore"), "w") as fh:
-            fh.write("*\n")
-        self.assertIs(self.init(store=ext)["store_is_external"], True)
-        with open(os.path.join(ext, ".gitignore")) as fh:
-            self.assertEqual(fh.read(), "*\n")  # the user's file is kept
-        shutil.rmtree(ext)  # its task is not wanted: another store may take the workspace
-        cleared = os.path.join(self.tmp, "cleared-store")
-        self.init(store=cleared)
-        for name in os.listdir(cleared):  # what `rm -rf store/*` leaves: the dot file
-            if not name.startswith("."):
-                path = os.path.join(cleared, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-        self.assertEqual(os.listdir(cleared), [".gitignore"])
-        self.init(name="again", store=cleared)
-        other = os.path.join(self.tmp, "other-files")
-        os.makedirs(other)
-        with open(os.path.join(other, "notes.txt"), "w") as fh:
-            fh.write("mine\n")
-        self.refused("tc_init", root=self.root, name="x", store=other)
-
-    def test_a_project_with_a_tasks_folder_is_not_taken_for_a_store(self):
-        project = os.path.join(self.tmp, "project")
-        write(project, "README.md", "mine\n")
-        write(project, "tasks/todo.md", "- one\n")
-        before = snapshot(project, skip=())
-        res = self.refused("tc_init", root=self.root, name="x", store=project)
-        self.assertIn("other files", res.text)
-        self.assertEqual(snapshot(project, skip=()), before)
-        # A store a first init left partway (its lock and tasks folder) is one.
-        partway = os.path.join(self.tmp, "partway")
-        os.makedirs(os.path.join(partway, "tasks"))
-        write(partway, "state.lock", "")
-        write(partway, ".tmp-0123456789ab.part", "{")  # a write the kill cut short
-        self.assertIs(self.init(store=partway)["store_is_external"], True)
-
-    def test_store_from_the_environment(self):
-        env_store = os.path.join(self.tmp, "env-store")
-        srv = self.server(env={"TC_STORE": env_store})
-        res = self.ok("tc_init", srv=srv, root=self.root, name="env")
-        self.assertEqual(os.path.realpath(res["store"]), env_store)
-        self.assertIs(res["store_is_external"], True)
-        self.assertTrue(os.path.isdir(os.path.join(env_store, "tasks", res["task_id"])))
-        self.assertFalse(os.path.exists(self.store))
-
-    def test_relative_store_is_refused(self):
-        cwd = os.path.join(self.tmp, "cwd")
-        os.makedirs(cwd)
-        before = tree_listing(self.tmp)
-        self.refused("tc_init", root=self.root, name="x", store="rel-store")
-        srv = self.server(env={"TC_STORE": "rel-store"}, cwd=cwd)
-        self.refused("tc_init", srv=srv, root=self.root, name="x")
-        self.assertEqual(tree_listing(self.tmp), before)
-
-    def test_workspaces_sharing_a_store_stay_apart(self):
-        shared = os.path.join(self.tmp, "shared-store")
-        other = os.path.join(self.tmp, "ws2")
-        os.makedirs(other)
-        self.write("one.txt", "1\n")
-        with open(os.path.join(other, "two.txt"), "w") as fh:
-            fh.write("2\n")
-        a = self.init(name="A", goal="goal A", store=shared)["task_id"]
-        self.save("a1")
-        b = self.ok("tc_init", root=other, name="B", goal="goal B", store=shared)["task_id"]
-        self.assertNotEqual(a, b)
-        # A new task here suspends this workspace's task, never the other's.
-        self.assertEqual(self.init(name="A2", store=shared)["prev_suspended"], a)
-        self.ok("tc_switch", root=self.root, task_id=a)
-        self.assertEqual(self.ok("tc_resume", root=self.root)["goal"], "goal A")
-        self.assertEqual(self.ok("tc_resume", root=other)["goal"], "goal B")
-        before = [p for p in tree_listing(shared) if p[0] != "server.log"]
-        self.refused("tc_switch", root=other, task_id=a)
-        self.refused("tc_save", root=other, title="wrong place", task_id=a)
-        self.assertEqual([p for p in tree_listing(shared) if p[0] != "server.log"], before)
-        self.assertEqual(self.ok("tc_resume", root=other)["active_task"], b)
-
-    def test_store_equal_to_root_is_refused(self):
-        for store in (self.root, self.root + "/", os.path.join(self.root, "..", "ws")):
-            with self.subTest(store=store):
-                before = tree_listing(self.tmp)
-                self.refused("tc_init", root=self.root, name="x", store=store)
-                self.assertEqual(tree_listing(self.tmp), before)
 
 
 # ---------------------------------------------------------------- tc_save
@@ -814,7 +458,7 @@ class OtherToolsTest(ToolsTest):
         for key in ("to_delete", "to_write", "to_replace", "unrestorable"):
             self.assertIsInstance(plan[key], list)
         self.assertIn("b.txt", paths_of(plan["to_delete"]))
-        self.assertIn("a.txt", paths_of(plan["to_replace"]) + paths_of(plan["to_write"]))
+        self.assertIn("a.txt", paths_of(plan["to_replace"]) | paths_of(plan["to_write"]))
         applied = self.ok("tc_restore", root=self.root, index=1, apply=True)
         self.assertIs(applied["applied"], True)
         self.assertRegex(applied["recovered"], DRIFT_ID)
@@ -872,20 +516,6 @@ class OtherToolsTest(ToolsTest):
 
 # ---------------------------------------------------------------- tc_resume
 class ResumeTest(ToolsTest):
-    def prepare(self):
-        task = self.init(name="Refactor auth", goal="Move sessions to JWT",
-                         constraints="keep the public API")["task_id"]
-        self.write("src/a.py", "a = 1\n")
-        self.write("src/b.py", "b = 1\n")
-        self.write("src/gone.py", "gone = 1\n")
-        self.save("Split the module", conclusion="it splits", next="write the service")
-        self.save("Wrote the service layer", conclusion="service works",
-                  description="because reasons", next="Switch the three views",
-                  open_questions=["keep the old endpoint?"])
-        self.write("src/a.py", "a = 2  # edited after the save\n")
-        self.write("src/new_file.py", "n = 1\n")
-        os.remove(os.path.join(self.root, "src", "gone.py"))
-        return task
 
     def test_resume_fields_and_handoff(self):
         task = self.prepare()
@@ -1062,87 +692,6 @@ class ResumeTest(ToolsTest):
         self.ok("tc_resume", srv=self.server(), root=self.root)
         self.assertEqual(self.fingerprint(), before)
 
-    def test_leftover_temp_file_is_reported(self):
-        task = self.prepare()
-        leftover = os.path.join(self.task_dir(task), TEMP_NAME)
-        with open(leftover, "w") as fh:
-            fh.write("{half")
-        res = self.ok("tc_resume", root=self.root)
-        self.assertIs(res["health"]["ok"], False)
-        self.assertTrue(any(TEMP_NAME in e for e in map(str, res["health"]["errors"])),
-                        res["health"])
-        self.assertTrue(os.path.exists(leftover), "resume must not clean up (it is read-only)")
-
-    def test_a_damaged_step_is_reported_once(self):
-        task = self.prepare()
-        with open(os.path.join(self.task_dir(task), "steps", "s0002.json"), "w") as fh:
-            fh.write("[]")  # the current step
-        res = self.ok("tc_resume", root=self.root)
-        self.assertIs(res["health"]["ok"], False)
-        self.assertEqual(len(res["health"]["errors"]), 1, res["health"])
-        self.assertIn("s0002.json", res["health"]["errors"][0])
-
-    def test_unparsable_state_is_reported(self):
-        task = self.prepare()
-        state = os.path.join(self.task_dir(task), "state.json")
-        with open(state, "w") as fh:
-            fh.write("{this is not json")
-        before = tree_listing(self.store)
-        res = self.ok("tc_resume", root=self.root)
-        self.assertIs(res["health"]["ok"], False)
-        self.assertTrue(any("state.json" in e for e in map(str, res["health"]["errors"])),
-                        res["health"])
-        self.assertEqual([p for p in tree_listing(self.store) if p[0] != "server.log"],
-                         [p for p in before if p[0] != "server.log"])
-
-
-    def test_state_that_parses_but_is_no_state_is_named(self):
-        task = self.prepare()
-        state = os.path.join(self.task_dir(task), "state.json")
-        with open(state, encoding="utf-8") as fh:
-            good = json.load(fh)
-        for damaged in ([], {}, dict(good, head="three"), {k: v for k, v in good.items()
-                                                            if k != "status"}):
-            with open(state, "w", encoding="utf-8") as fh:
-                json.dump(damaged, fh)
-            res = self.ok("tc_resume", root=self.root)
-            self.assertIs(res["health"]["ok"], False, damaged)
-            self.assertTrue(any("state.json" in e for e in res["health"]["errors"]),
-                            (damaged, res["health"]))
-
-    def test_a_damaged_record_does_not_hide_the_others_from_tc_show(self):
-        task = self.prepare()
-        self.ok("tc_capture", root=self.root)
-        self.write("src/b.py", "b = 2\n")
-        self.ok("tc_capture", root=self.root)
-        with open(os.path.join(self.task_dir(task), "steps", "s0001.json"), "w") as fh:
-            fh.write("{cut off")
-        with open(os.path.join(self.task_dir(task), "drifts", "d0001.json"), "w") as fh:
-            json.dump({"id": "d0001"}, fh)
-        res = self.ok("tc_show", root=self.root, include_drift=True)
-        self.assertEqual([s["index"] for s in res["steps"]], [1, 2])
-        self.assertIn("s0001.json", res["steps"][0]["damaged"])
-        self.assertEqual(res["steps"][1]["title"], "Wrote the service layer")
-        self.assertNotIn("damaged", res["steps"][1])
-        self.assertEqual([d["id"] for d in res["drifts"]][:2], ["d0001", "d0002"])
-        self.assertIn("d0001.json", res["drifts"][0]["damaged"])
-        self.assertIs(res["drifts"][0]["restorable"], False)
-        self.assertNotIn("damaged", res["drifts"][1])
-        # Names no record gets are not records; a link to nothing is listed as damaged.
-        steps = os.path.join(self.task_dir(task), "steps")
-        for stray in ("s00002.json", "s\u0663.json", "s\u00b2.json", "s0000.json"):
-            with open(os.path.join(steps, stray), "w") as fh:
-                fh.write("{}")
-        linked = support.can_symlink()
-        if linked:
-            os.symlink("nowhere.json", os.path.join(steps, "s0007.json"))
-        again = self.ok("tc_show", root=self.root)
-        self.assertEqual([s["index"] for s in again["steps"]], [1, 2] + [7] * linked)
-        if linked:
-            self.assertIn("damaged", again["steps"][2])
-        # Asked for by itself, the damaged record is still refused with the reason.
-        self.assertIn("s0001.json", self.refused("tc_show", root=self.root, index=1).text)
-        self.assertIn("s0001.json", self.refused("tc_restore", root=self.root, index=1).text)
 
 # ---------------------------------------------------------------- long lists
 class LongListTest(ToolsTest):
@@ -1395,10 +944,6 @@ class TextBudgetTest(unittest.TestCase):
             self.assertLessEqual(self.m.json_size(kept), limit)
             if kept != text:  # one more character would not have fitted
                 self.assertGreater(self.m.json_size(text[:len(kept) + 1]), limit)
-
-
-# A file name the atomic writer's temp files would have.
-TEMP_NAME = ".tmp-k3j9x1.part"
 
 
 # ---------------------------------------------------------------- refusals

@@ -7,14 +7,13 @@ number, and a restore running next to saves corrupts nothing. A call that
 names no task acts on the task active when it gets the lock.
 """
 
-import hashlib
 import json
 import os
 import sys
 import threading
 import unittest
 
-from support import SCRIPTS, WorkspaceTest, snapshot, store_problems, write
+from support import SCRIPTS, WorkspaceTest, paths_of, snapshot, store_problems, write
 
 sys.path.insert(0, SCRIPTS)
 import tc  # noqa: E402
@@ -38,10 +37,6 @@ def run_threads(*targets):
         thread.join(timeout=120)
     alive = [t for t in threads if t.is_alive()]
     return errors + ["a worker never finished"] * len(alive)
-
-
-def paths_of(items):
-    return {item if isinstance(item, str) else item.get("path") for item in items or []}
 
 
 class TwoServers(WorkspaceTest):
@@ -160,7 +155,6 @@ class TwoServers(WorkspaceTest):
         self.check_store(checker)
 
 
-
 class SwitchWhileACallWaitsTests(WorkspaceTest):
     """A call that names no task acts on the task active when it runs. Two
     servers on one store: the second switches tasks after the first read the
@@ -246,7 +240,6 @@ class SwitchWhileACallWaitsTests(WorkspaceTest):
         resumed = self.first.resume(self.root)
         self.assertEqual((resumed["head"], resumed["last"]["title"]), (2, "one, second step"))
         self.assertEqual(resumed["changed_since_step"], [])
-
 
 
 class InitsChoosingStoresTests(WorkspaceTest):
