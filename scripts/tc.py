@@ -12,9 +12,15 @@ Store layout (default ``<workspace>/.checkpoints``)::
 
     current.json               active task per workspace root
     state.lock                 inter-process lock
+    writing                    present while a process writes (a crash leaves it)
+    clock                      touched to read the file system's clock
     server.log                 log (never stdout)
+    .gitignore                 "*": git leaves the store alone
     payload/<sha[:2]>/<sha>    content-addressed file copies
-    journal/<op>.json          in-flight restore/import (rolled back if abandoned)
+    journal/<op>/              in-flight restore/import (rolled back if abandoned)
+    kept/<op>.json             content a rollback kept instead of putting it back
+    exporting/<name>.json      an export being built (its package removed if it died)
+    git/                       cached git object ids of each task's last checkpoint
     tasks/<id>/state.json, steps/sNNNN.json, drifts/dNNNN.json,
                manifest/mNNNN.json (delta chain, full anchor every 20),
                index.json + index.log (stat cache: table + appended changes)
@@ -27,6 +33,37 @@ before or after the operation, never between.
 
 Caveats: sensitive files are recognised by name only; files over 100 MB keep
 a hash but no content; the drift layer detects change by stat, not content.
+
+Code map (each section uses only the ones above it; the tests that cover it):
+
+ 1. Constants and Config: the only reader of TC_* variables (test_policy,
+    test_protocol).
+ 2. Errors: CheckpointError and what it says (every test file).
+ 3. Durability: atomic writes, flushes, JSON records (test_flush, test_faults).
+ 4. Concurrency: cancellation, the thread pools, StoreLock (test_cancel,
+    test_parallel, test_two_servers).
+ 5. Workspace paths and PathPolicy: safe paths, the guards that keep writes
+    inside the workspace, the name rules (test_policy, test_races).
+ 6. Scan and hash: scan_tree, reading a file as one state (test_statcache,
+    test_races).
+ 7. PayloadStore: payload/<sha[:2]>/<sha> (test_crash, test_faults).
+ 8. Records: ManifestEntry, IndexRow, record shapes, ManifestLog,
+    TaskRecords (test_store, test_statcache).
+ 9. Journal and Rollback (test_rollback, test_crash).
+10. Store, Workspace, Workspaces: location, recovery at the lock, the
+    active pointer and task states, resolving a root (test_store,
+    test_two_servers).
+11. Watcher: watch_decision, DirectoryEvents, the thread (test_drift,
+    test_watch_events).
+12. Git: GitRefWriter and refs/checkpoints/ (test_git).
+13. Handoff format: the handoff text, HANDOFF.md, package checks
+    (test_handoff).
+14. Recorder: snapshot, index, drift and manifest records (test_statcache,
+    test_drift).
+15. Operations, one class each: TaskSetup, Saving, Reporting, Restoring
+    (with plan_restore), Compaction, Exporting, Importing (test_tools,
+    test_restore, test_handoff, test_drift).
+16. Checkpoints: the facade the adapter calls (test_tools, test_protocol).
 """
 
 from __future__ import annotations
@@ -48,6 +85,11 @@ import threading
 import time
 
 __version__ = "0.1.0"
+
+# What the adapter (tc_mcp.py) uses; the rest is this module's own.
+__all__ = ["__version__", "Checkpoints", "CheckpointError", "Config", "OS_ERROR_ADVICE",
+           "atomic_write", "cancel_event", "cancellable", "describe_os_error",
+           "traceback_text"]
 
 
 # ---------------------------------------------------------------------------
