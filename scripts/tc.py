@@ -139,7 +139,7 @@ SENSITIVE_FILES = (
     "secrets.json", "token", "token.json", "token.txt", "*.token", "*_token", "auth.json",
     "settings.py", "local_settings.py", "settings.xml", "wp-config.php", "web.config",
     "wrangler.toml", ".dev.vars",
-    "service-account*", "service_account*", "*.serviceaccount.json", "firebase*",
+    "service-account*", "service_account*", "*.serviceaccount.json", "firebase*.json",
     "appsettings*.json",
 )
 # credentials* and creds* are among the specification's unambiguous names,
@@ -1339,6 +1339,19 @@ def safe_workspace_path(root, rel, checked=None):
     return full
 
 
+# Characters that would start a new line (or hide text) in a handoff: a file
+# name can hold them, and must not forge a line such as "Next step: ...".
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def shown_path(path):
+    """path for a text a person or a model reads: control characters and
+    line separators written as escapes (\\n, \\u001b, \\u2028)."""
+    if not _UNPRINTABLE.search(path):
+        return path
+    return _UNPRINTABLE.sub(lambda m: json.dumps(m.group())[1:-1], path)
+
+
 def find_upwards(path, predicate):
     """The first of path and its parents for which predicate holds, or None."""
     current = path
@@ -1790,9 +1803,12 @@ def _split_ext(name):
 class PathPolicy:
     """What the scan skips (excluded) and what it never reads (sensitive).
 
-    Exclude patterns and the always-excluded list are globs matched against a
-    single name at any depth. Decisions are cached per name, so a walk over
-    thousands of files matches each distinct name once.
+    Exclude patterns and the always-excluded list are globs matched against
+    one name segment: a folder's name at any depth, or the first segment of
+    a path. So "backup*" leaves out a top-level backup.txt or backup_old/
+    and any folder so named, never src/backup_manager.py. Decisions are
+    cached per name, so a walk over thousands of files matches each
+    distinct name once.
     """
 
     def __init__(self, exclude=(), store_rel=None):
@@ -1864,10 +1880,43 @@ class PathPolicy:
         return False
 
     def excluded(self, rel):
-        """True when rel (posix, workspace-relative) is skipped by the scan."""
+        """True when the scan skips rel (posix, workspace-relative, a file's
+        path): the store, a folder on its path with an excluded name, or a
+        top-level file with one."""
+        if self.store_rel and (rel == self.store_rel or rel.startswith(self.store_rel + "/")):
+            return True
+        parts = rel.split("/")
+        if len(parts) == 1:
+            return self.excluded_name(rel)
+        return any(self.excluded_name(part) for part in parts[:-1])
+
+    def excluded_folder(self, rel):
+        """True when the scan skips the folder rel: the store, or a folder with
+        an excluded name on its path, rel's own name included."""
         if self.store_rel and (rel == self.store_rel or rel.startswith(self.store_rel + "/")):
             return True
         return any(self.excluded_name(part) for part in rel.split("/"))
+
+    def excluded_by(self, name):
+        """The pattern that excludes name, for saying why (the first of the
+        always-excluded list, then the task's own), or None."""
+        for pattern in ALWAYS_EXCLUDED:
+            if fnmatch.fnmatchcase(name, pattern):
+                return pattern
+        for pattern in self.exclude:
+            if fnmatch.fnmatchcase(name, pattern):
+                return pattern
+        return None
+
+    def left_out_reason(self, rel, *, folder):
+        """Why the scan left out rel (a folder when folder), in a few words."""
+        pattern = self.excluded_by(rel.rsplit("/", 1)[-1])
+        whose = ("this task's exclude pattern" if pattern in self.exclude
+                 and pattern not in ALWAYS_EXCLUDED else "the always-excluded pattern")
+        if folder:
+            return "a folder whose name matches %s %r: nothing in it is recorded" % (
+                whose, pattern)
+        return "a top-level file whose name matches %s %r: not recorded" % (whose, pattern)
 
     def sensitive(self, rel):
         """True when rel is stored by size and mtime only, never by content."""
@@ -1916,8 +1965,11 @@ KIND_BIG = "b"         # over the content limit: streamed hash, no content
 StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mode sensitive")
 
 # files: rel -> StatInfo; skipped: [{"path", "reason"}]; started_ns: when the walk began;
-# unreadable: paths the walk could not see into, folders with a trailing "/".
-ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable")
+# unreadable: paths the walk could not see into, folders with a trailing "/";
+# left_out: (rel, is a folder) of what a name rule left out (see PathPolicy).
+ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable left_out")
+# Left out by name but never reported: the store, its pointer and git's own folder.
+UNREPORTED_NAMES = frozenset((".git", STORE_DIRNAME, POINTER_NAME))
 
 # A read that failed because the path no longer holds the regular file the
 # scan saw (deleted, or replaced by a link or a special file): the file is
@@ -1984,13 +2036,15 @@ def _unreadable_folder(prefix, exc):
             % (exc.strerror or exc.__class__.__name__)}
 
 
-def _without_folder(prefix, files, stack, skipped, unreadable):
-    """A scan's files, folders still to list, skipped entries and unreadable
-    paths, less everything under prefix (a folder ending in "/")."""
+def _without_folder(prefix, files, stack, skipped, unreadable, left_out):
+    """A scan's files, folders still to list, skipped entries, unreadable
+    paths and what it left out, less everything under prefix (a folder
+    ending in "/")."""
     return ({rel: info for rel, info in files.items() if not rel.startswith(prefix)},
             [item for item in stack if not item[0].startswith(prefix)],
             [item for item in skipped if not (item["path"] + "/").startswith(prefix)],
-            [rel for rel in unreadable if not rel.startswith(prefix)])
+            [rel for rel in unreadable if not rel.startswith(prefix)],
+            [item for item in left_out if not item[0].startswith(prefix)])
 
 
 def _inode_or_zero(path):
@@ -2011,16 +2065,21 @@ def utf8_name(name):
 def _take_listing(listing, prefix, in_sensitive, device, policy, out):
     """The per-file loop of scan_tree: each entry of one folder's listing
     (prefix ends in "/", or is "" for the root) goes into out = (files,
-    skipped, unreadable, folders still to list), with one stat per file
-    and name decisions from the policy's per-name caches."""
-    files, skipped, unreadable, stack = out
+    skipped, unreadable, folders still to list, left out), with one stat
+    per file and name decisions from the policy's per-name caches. A name
+    rule applies to a folder at any depth and to a file at the top only
+    (see PathPolicy)."""
+    files, skipped, unreadable, stack, left_out = out
     excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
+    top = not prefix
     for entry in listing:
         name = entry.name
-        if excluded(name):
+        if top and excluded(name):
+            if name not in UNREPORTED_NAMES:
+                left_out.append((name, entry.is_dir(follow_symlinks=False)))
             continue
         rel = prefix + name
         if not name.isascii() and not utf8_name(name):
@@ -2029,7 +2088,10 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                if rel != store_rel:
+                if not top and excluded(name):
+                    if name not in UNREPORTED_NAMES:
+                        left_out.append((rel, True))
+                elif rel != store_rel:
                     stack.append((rel + "/", in_sensitive or sensitive_dir(name),
                                   (entry.inode(), device)))
                 continue
@@ -2059,7 +2121,7 @@ def scan_tree(root, policy, dirs=None):
     of every directory walked, rel relative to root ("" for root itself).
     """
     started = time.time_ns()
-    files, skipped, unreadable = {}, [], []
+    files, skipped, unreadable, left_out = {}, [], [], []
     cancel = cancel_event()
     known_root = []
 
@@ -2088,20 +2150,20 @@ def scan_tree(root, policy, dirs=None):
         try:
             with it:
                 _take_listing(it, prefix, in_sensitive, device, policy,
-                              (files, skipped, unreadable, stack))
+                              (files, skipped, unreadable, stack, left_out))
         except OSError as exc:  # the listing broke off partway
             if not prefix:
                 raise
             # The folder is unknown as a whole, like one that cannot be
             # opened: what was already taken from it is dropped again.
-            files, stack, skipped, unreadable = _without_folder(
-                prefix, files, stack, skipped, unreadable)
+            files, stack, skipped, unreadable, left_out = _without_folder(
+                prefix, files, stack, skipped, unreadable, left_out)
             skipped.append(_unreadable_folder(prefix, exc))
             unreadable.append(prefix)
         finally:
             if fd is not None:
                 os.close(fd)
-    return ScanResult(files, skipped, started, unreadable)
+    return ScanResult(files, skipped, started, unreadable, left_out)
 
 
 def unseen_test(paths):
@@ -3338,6 +3400,28 @@ class TaskRecords:
     def index_log_path(self):
         return os.path.join(self.directory, "index.log")
 
+    @property
+    def left_out_path(self):
+        return os.path.join(self.directory, "left_out.json")
+
+    def read_left_out(self):
+        """{rel: kind} of what the task's saves have reported as left out of
+        its records (see Recorder.newly_left_out); {} when not known."""
+        try:
+            doc = read_json_or(self.left_out_path, {})
+        except (OSError, StoreCorrupt):
+            return {}
+        paths = doc.get("paths") if isinstance(doc, dict) else None
+        return dict(paths) if isinstance(paths, dict) else {}
+
+    def write_left_out(self, paths):
+        """Remember what was reported as left out. A cache: when it is lost,
+        the next save reports everything again."""
+        try:
+            write_json(self.left_out_path, {"paths": paths}, durable=False)
+        except OSError:
+            pass
+
     def write_index(self, index_doc, entries=None, *, whole=False):
         """Record index_doc as the index; entries, when given, are its recorded
         entries (what index_entries would compute), kept for the next call.
@@ -4164,6 +4248,24 @@ def ignore_in_git(directory):
         pass
 
 
+def belongs_elsewhere_text(task_id, owner, root):
+    """Why task_id, kept for the workspace owner, is not root's, and what
+    to do."""
+    if isinstance(owner, str) and not os.path.isdir(owner):
+        return ("task %r belongs to the workspace %r, which is no longer there (moved?): "
+                "tc_switch to it with root %r to continue it in this workspace"
+                % (task_id, owner, root))
+    return ("task %r belongs to the workspace %r, not %r; to continue it here, tc_export it "
+            "there and tc_import the package here" % (task_id, owner, root))
+
+
+def described_task(task_id, name):
+    """ " (active task t-1: name)" for a message, or "" without a task."""
+    if not task_id:
+        return ""
+    return " (active task %s: %s)" % (task_id, shown_path(name or ""))
+
+
 def tasks_kept_for(store_dir, root):
     """The tasks in store_dir that may be root's, as (ids, the damaged
     among them), sorted: those whose state names root, the one the store
@@ -4258,6 +4360,16 @@ class Store:
     def forget_caches(self):
         self._tasks.clear()
         self.payloads.forget_dirs()
+
+    def task_states(self):
+        """(task id, its state or None when it does not read) of every task."""
+        out = []
+        for task_id in self.task_ids():
+            try:
+                out.append((task_id, self.task(task_id).read_state()))
+            except (CheckpointError, OSError):
+                out.append((task_id, None))
+        return out
 
     def task_ids(self):
         try:
@@ -4571,6 +4683,7 @@ class Workspace:
         self.task_id = task_id
         self.state = state
         self.from_pointer = False  # the task is the root's active one, not a named one
+        self.note = None  # what resolving it changed (a moved store followed it), for the result
         self._guard = False
 
     @property
@@ -4597,8 +4710,8 @@ class Workspace:
             self.state = None
             return self
         if self.state.get("root") != self.root:
-            raise InvalidArgument("task %r belongs to the workspace %r, not %r"
-                                  % (self.task_id, self.state.get("root"), self.root))
+            raise InvalidArgument(belongs_elsewhere_text(self.task_id, self.state.get("root"),
+                                                         self.root))
         return self
 
     def follow_active(self, lenient=False):
@@ -4722,32 +4835,153 @@ class Workspaces:
             raise StoreCorrupt("the store pointer %r is damaged; fix or delete it" % pointer)
         return os.path.join(root, STORE_DIRNAME)
 
-    def resolve(self, root, task_id=None, *, lenient=False):
-        """Validate root and resolve the task (given, else the root's active one).
+    def resolve(self, root, task_id=None, *, lenient=False, adopt=False):
+        """Validate root and resolve the task (given by id or exact name, else
+        the root's active one).
 
         lenient: a damaged state file leaves ws.state None instead of raising,
-        so read-only reports can still describe the damage.
+        so read-only reports can still describe the damage. adopt (tc_switch):
+        a task whose workspace is no longer there becomes this root's. A
+        store inside the workspace that moved with it follows it (see
+        adopt_moved_tasks); ws.note then says so.
         """
         root = validate_root(root)
-        if task_id is not None:
-            validate_task_id(task_id)
         store = self.store(self.store_dir_for(root))
         if store.journal_dirs():
             with store.lock:
                 pass  # taking the lock rolls back what a dead process left half done
+        note = self.adopt_moved_tasks(root, store)
+        if task_id is not None:
+            task_id = self.task_id_for(store, root, task_id)
+            if adopt:
+                note = self.adopt_task(root, store, task_id) or note
         ws = Workspace(root, store, task_id)
+        ws.note = note
         ws.from_pointer = task_id is None
         if ws.task_id is None and os.path.isdir(store.directory):
             ws.task_id = store.read_current().get(root)
         if ws.task_id is None:
-            raise self.no_active_task(root, store.directory)
+            raise self.no_active_task(root, store)
         return ws.load_state(lenient)
 
-    def no_active_task(self, root, store_dir):
-        """The error for a workspace with no active task in store_dir. When
-        TC_STORE chose that store and the workspace's own store holds its
-        tasks, it says where they are, since tc_init would refuse too."""
-        plain = NotFound("no active task for %r: start one with tc_init" % root)
+    @staticmethod
+    def task_id_for(store, root, given):
+        """The id of the task given names: its id, or the exact name of one
+        task of this workspace. An unknown one is refused with the ids there are."""
+        if not isinstance(given, str) or not given or "\x00" in given:
+            raise InvalidArgument("task_id %r is not a task id" % (given,))
+        if PLAIN_ID.match(given) and store.task(given).exists():
+            return given
+        states = store.task_states()
+        named = [tid for tid, state in states if state and state.get("name") == given
+                 and state.get("root") == root]
+        if len(named) == 1:
+            return named[0]
+        if len(named) > 1:
+            raise InvalidArgument("%d tasks of this workspace are named %r (%s); pass one of "
+                                  "their ids" % (len(named), given, ", ".join(named[:10])))
+        if PLAIN_ID.match(given) and not states:
+            raise NotFound("task %r does not exist in this store, which holds no task yet"
+                           % given)
+        mine = ["%s (%s)" % (tid, shown_path(state.get("name", "")))
+                for tid, state in states if state and state.get("root") == root]
+        listed = ", ".join(mine[:10]) if mine else "none"
+        raise NotFound("task %r does not exist in this store; this workspace's tasks: %s "
+                       "(pass an id, or a task's exact name)" % (given[:128], listed))
+
+    def adopt_moved_tasks(self, root, store):
+        """When the workspace's own store (root/.checkpoints) keeps no task for
+        root and all its tasks are recorded for one other folder, the store
+        was moved or copied with the workspace (mv, cp -a): its tasks, and
+        the active one, now belong to root. A note saying so, else None."""
+        if os.path.realpath(store.directory) != os.path.join(root, STORE_DIRNAME):
+            return None
+        try:
+            active = store.read_current() if os.path.isfile(store.current_path) else {}
+        except StoreCorrupt:
+            return None
+        if root in active or not (active or store.task_ids()):
+            return None
+        states = store.task_states()
+        old = {state.get("root") for _tid, state in states if state} | set(active)
+        if len(old) != 1 or root in old or None in old:
+            return None
+        old = old.pop()
+        with store.lock:
+            ws = Workspace(root, store)
+            ws.need_writable()
+            moved = []
+            for task_id, state in store.task_states():
+                if state and state.get("root") == old:
+                    state["root"] = root
+                    store.task(task_id).write_state(state)
+                    moved.append(task_id)
+            active = store.read_current()
+            if old in active:
+                active[root] = active.pop(old)
+                store.write_current(active)
+        note = ("the workspace was moved or copied from %r: its store came with it, and its "
+                "tasks (%s) now belong to %r" % (old, ", ".join(moved[:10]), root))
+        store.log(note)
+        return note
+
+    @staticmethod
+    def adopt_task(root, store, task_id):
+        """tc_switch to a task whose workspace is no longer there: the task
+        becomes root's. A note, or None when nothing changed (its workspace
+        is there: load_state refuses it then)."""
+        records = store.task(task_id)
+        try:
+            state = records.read_state()
+        except (CheckpointError, OSError):
+            return None
+        owner = state.get("root")
+        if owner == root or not isinstance(owner, str) or os.path.isdir(owner):
+            return None
+        with store.lock:
+            Workspace(root, store).need_writable()
+            state = records.read_state()
+            if state.get("root") != owner:
+                return None
+            state["root"] = root
+            records.write_state(state)
+            active = store.read_current()
+            if active.get(owner) == task_id:
+                del active[owner]
+                store.write_current(active)
+        note = ("task %s belonged to %r, which is no longer there; it now belongs to %r"
+                % (task_id, owner, root))
+        store.log(note)
+        return note
+
+    def no_active_task(self, root, store):
+        """The error for a workspace with no active task in store: what to do
+        next. It names the enclosing workspace when root lies inside one,
+        the tasks the store keeps for a folder no longer there (an external
+        store after the workspace moved), and, when TC_STORE chose the store
+        while the workspace's own store holds its tasks, where those are
+        (tc_init would refuse too)."""
+        store_dir = store.directory
+        enclosing = self.enclosing(root)
+        if enclosing is not None:
+            outer, task_id, name = enclosing
+            return NotFound("no task for %r: it lies inside the workspace %r%s, whose store "
+                            "records this folder too; pass root %r"
+                            % (root, outer, described_task(task_id, name), outer))
+        gone = []
+        if os.path.isdir(store_dir):
+            gone = ["%s (%s, for %r)" % (tid, shown_path(state.get("name", "")),
+                                          state.get("root"))
+                    for tid, state in store.task_states()
+                    if state and isinstance(state.get("root"), str)
+                    and state.get("status") != "closed" and not os.path.isdir(state["root"])]
+        if gone:
+            return NotFound("no active task for %r; the store %r keeps tasks for a folder "
+                            "that is no longer there (moved?): %s. To continue one here, "
+                            "tc_switch to it; or start a new task with tc_init"
+                            % (root, store_dir, ", ".join(gone[:5])))
+        plain = NotFound("no active task for %r: start one with tc_init, or continue a handoff "
+                         "package with tc_import" % root)
         if not self.config.store:
             return plain
         try:
@@ -4760,6 +4994,42 @@ class Workspaces:
         return NotFound("no active task for %r in the store %r that TC_STORE names; the "
                         "workspace's tasks (%s) are in %r: unset TC_STORE, or set it to that "
                         "store, to reach them" % (root, store_dir, ", ".join(kept[:5]), own))
+
+    def enclosing(self, root):
+        """(the workspace root lies inside, its active task id, that task's
+        name) when a folder above root is a workspace with tasks, else None.
+        A folder above counts when its own store (or the store its pointer
+        names) keeps tasks for it, or when root's store keeps a task for it."""
+        mine = self.store(self.store_dir_for(root))
+        if os.path.isdir(mine.directory):
+            for _tid, state in mine.task_states():
+                owner = state.get("root") if state else None
+                if isinstance(owner, str) and _inside(root, owner):
+                    return self._described(mine, owner)
+        current = os.path.dirname(root)
+        while True:
+            if (looks_like_store(os.path.join(current, STORE_DIRNAME))
+                    or os.path.isfile(os.path.join(current, POINTER_NAME))):
+                try:
+                    store = self.store(self.own_store_dir(current))
+                    if tasks_kept_for(store.directory, current)[0]:
+                        return self._described(store, current)
+                except (CheckpointError, OSError):
+                    pass
+            parent = os.path.dirname(current)
+            if parent == current:
+                return None
+            current = parent
+
+    @staticmethod
+    def _described(store, owner):
+        """(owner, its active task id or None, that task's name or "")."""
+        try:
+            task_id = store.read_current().get(owner)
+            name = store.task(task_id).read_state().get("name", "") if task_id else ""
+        except (CheckpointError, OSError):
+            task_id, name = None, ""
+        return owner, task_id, name
 
     def release_caches(self, keep):
         """Drop what is cached for other stores and workspaces (parsed
@@ -5481,9 +5751,10 @@ class GitRefWriter:
         self.environ = environ  # the server's environment; None: os.environ
 
     @staticmethod
-    def skipped(reason, *, ref=None, error=None, unchanged=None):
-        """The git result of a save that made no ref, for `reason`."""
-        result = {"ok": False, "ref": ref, "reason": reason, "unchanged": unchanged}
+    def skipped(reason, *, ref=None, error=None, unchanged=None, ok=False):
+        """The git result of a save that made no ref, for `reason`; ok when
+        there was nothing to do (outside a repository)."""
+        result = {"ok": ok, "ref": ref, "reason": reason, "unchanged": unchanged}
         if error is not None:
             result["error"] = error
         return result
@@ -5502,7 +5773,7 @@ class GitRefWriter:
             return self.skipped("TC_GIT=off")
         try:
             if not find_git_marker(root):
-                return self.skipped("not a git repo")
+                return self.skipped("not a git repo", ok=True)
             run = _GitRunner(root, store_dir, git_environment(self.environ))
             return self._write_verified(run, store_dir, task_id, step_index,
                                         entries, payload_path, message, parent_hint, earlier)
@@ -5523,7 +5794,7 @@ class GitRefWriter:
         if repo_key is None:
             # A .git was found but git does not accept it (damaged or foreign).
             self.log("no git repository for %r: %s" % (run.root, run.not_a_repo))
-            return self.skipped("not a git repo", error=run.not_a_repo)
+            return self.skipped("not a git repo", error=run.not_a_repo, ok=True)
         before = run.fingerprint() if self.verify else None
         try:
             result = self._create_ref(run, repo_key, store_dir, task_id, step_index,
@@ -6046,19 +6317,6 @@ class _GitRunner:
 PACKAGE_FORMAT = 1
 PACKAGE_DESCRIPTION = "handoff.json"
 
-# Characters that would start a new line (or hide text) in a handoff: a file
-# name can hold them, and must not forge a line such as "Next step: ...".
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def shown_path(path):
-    """path for a text a person or a model reads: control characters and
-    line separators written as escapes (\\n, \\u001b, \\u2028)."""
-    if not _UNPRINTABLE.search(path):
-        return path
-    return _UNPRINTABLE.sub(lambda m: json.dumps(m.group())[1:-1], path)
-
-
 def indented(text):
     """A text whose further lines are indented (in a list item of HANDOFF.md
     or a line of a handoff, they stay in it instead of starting lines of
@@ -6390,9 +6648,18 @@ def carried_history_shas(package, desc):
 # entries: rel -> manifest entry; rows: rel -> index row; reads: files read;
 # skipped: [{"path", "reason"}]; stamp_ns: the index's clock stamp;
 # created: payload paths written for this snapshot.
-# unseen: paths it could not read, folders ending in "/" (see carry_unknown).
+# unseen: paths it could not read, folders ending in "/" (see carry_unknown);
+# left_out: what the scan left out by name (ScanResult.left_out).
+# What a save reports as left out of its records, in this order (see
+# Recorder.newly_left_out): by kind of entry, or by what a scan left out.
+LEFT_OUT_ORDER = (KIND_SENSITIVE, KIND_BIG, "name", "folder")
+LEFT_OUT_REASONS = {
+    KIND_SENSITIVE: "sensitive name: only its size and time are recorded, never its content, "
+                    "so a restore leaves it as it is",
+    KIND_BIG: "over 100 MB: only its hash is recorded, so it cannot be restored",
+}
 Snapshot = collections.namedtuple("Snapshot",
-                                  "entries rows reads skipped stamp_ns created unseen")
+                                  "entries rows reads skipped stamp_ns created unseen left_out")
 
 
 def vouched_rows(scanned, old_rows, old_entries, trusted):
@@ -6555,7 +6822,8 @@ class Recorder:
             entries[rel] = manifest_entry(kind, sha, size, mode)
         if unreadable:
             carry_unknown(unreadable, old_rows, old_entries, rows, entries)
-        return Snapshot(entries, rows, reads, skipped, stamp_ns, created, unreadable)
+        return Snapshot(entries, rows, reads, skipped, stamp_ns, created, unreadable,
+                        scan.left_out)
 
     def secure_undo(self, ws, snap, rels):
         """Make sure the content the snapshot names for rels (files about to be
@@ -6686,6 +6954,27 @@ class Recorder:
         state["last_drift"] = drift_no
         return drift
 
+    def newly_left_out(self, ws, snap):
+        """What snap leaves out of the records that no save of the task has
+        reported yet, as skipped_paths items: files whose content is never
+        stored (sensitive names, files over 100 MB) first, then what a name
+        rule leaves out. Nothing is left out silently: the first save names
+        them all, later saves the ones newly met."""
+        policy = self.policies.of(ws)
+        now = {}
+        for rel, entry in snap.entries.items():
+            if entry.kind in (KIND_SENSITIVE, KIND_BIG):
+                now[rel] = entry.kind
+        for rel, folder in snap.left_out:
+            now[rel] = "folder" if folder else "name"
+        known = ws.records.read_left_out()
+        new = sorted((rel for rel, kind in now.items() if known.get(rel) != kind),
+                     key=lambda rel: (LEFT_OUT_ORDER.index(now[rel]), rel))
+        if now != known:
+            ws.records.write_left_out(now)
+        return [{"path": rel, "reason": LEFT_OUT_REASONS.get(now[rel]) or policy.left_out_reason(
+                     rel, folder=now[rel] == "folder")} for rel in new]
+
     def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False):
         """The drift pipeline: when snap differs from the index's entries,
         its manifest and drift record, then the state that points at them,
@@ -6757,21 +7046,50 @@ class TaskSetup:
             raise InvalidArgument("name must be a non-empty string")
         exclude = PathPolicy.check_patterns(exclude)
         with workspace_lock(root):
+            self._refuse_inside_another(root)
+            moved = self._follow_moved_store(root)
             store_dir = self._init_store_dir(root, store)
             external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
             st = self.workspaces.store(store_dir)
             ws = Workspace(root, st)
-            baseline, prev_suspended = self._init_task(ws, name, goal, constraints, exclude,
-                                                       external)
+            (baseline, skipped), prev_suspended = self._init_task(
+                ws, name, goal, constraints, exclude, external)
         note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
                 % (baseline, len(ws.records.read_index()["files"])))
+        if moved:
+            note = moved + "; " + note
         return {"task_id": ws.task_id, "name": ws.state["name"], "store": st.directory,
                 "store_is_external": external, "prev_suspended": prev_suspended,
-                "exclude": exclude, "note": note}, ws
+                "exclude": exclude, "note": note, "skipped_paths": skipped}, ws
+
+    def _refuse_inside_another(self, root):
+        """A root inside another workspace would give that workspace's files a
+        second store inside it: refused, naming the workspace, unless root
+        already has a store of its own."""
+        if (looks_like_store(os.path.join(root, STORE_DIRNAME))
+                or os.path.isfile(os.path.join(root, POINTER_NAME))):
+            return
+        enclosing = self.workspaces.enclosing(root)
+        if enclosing is not None:
+            outer, task_id, name = enclosing
+            raise Conflict("%r lies inside the workspace %r%s, whose store records this folder "
+                           "too: a task here would make a second store inside it. Pass root "
+                           "%r to work there (tc_init or tc_switch there for another task), "
+                           "or choose a folder outside it"
+                           % (root, outer, described_task(task_id, name), outer))
+
+    def _follow_moved_store(self, root):
+        """Workspaces.adopt_moved_tasks for the store root uses; its note."""
+        try:
+            return self.workspaces.adopt_moved_tasks(
+                root, self.workspaces.store(self.workspaces.store_dir_for(root)))
+        except CheckpointError:  # a damaged pointer: the init replaces it
+            return None
 
     def _init_task(self, ws, name, goal, constraints, exclude, external):
         """Make the new task in ws.store and make it the workspace's active
-        one; returns (its baseline drift id, the task it suspended or None)."""
+        one; returns ((its baseline drift id, the skipped_paths of its
+        scan), the task it suspended or None)."""
         st, root = ws.store, ws.root
         with st.lock:
             ws.need_writable()
@@ -6880,15 +7198,16 @@ class TaskSetup:
 
     def _baseline(self, ws, created):
         """Record the workspace as the task finds it, as drift d0001; the
-        content it stores is added to the list created."""
+        content it stores is added to the list created. (Its id, what the
+        scan passed over and what it left out: see Recorder.newly_left_out.)"""
         snap = self.recorder.snapshot(ws, store_content=True)
         created.extend(snap.created)
         drift = self.recorder.record_drift(ws, ws.state, snap.entries, {}, kind="baseline",
-                                   unseen=snap.unseen)
+                                           unseen=snap.unseen)
         ws.state["index_manifest"] = drift["manifest"]
         ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
                                entries=snap.entries)
-        return drift["id"]
+        return drift["id"], snap.skipped + self.recorder.newly_left_out(ws, snap)
 
     @staticmethod
     def switch(ws):
@@ -6979,6 +7298,7 @@ class Saving:
         except BaseException:
             self.recorder.drop_unrecorded(ws, counters, snap.created)
             raise
+        result["skipped_paths"] = snap.skipped + self.recorder.newly_left_out(ws, snap)
         # Inside the lock, so concurrent saves chain their refs in step order.
         step = result.pop("_step", None)
         result["git"] = self._save_git(ws, step, result)
@@ -7138,8 +7458,7 @@ class Saving:
         dirs = None
         if walked is not None:
             dirs = walked["dirs"] = []
-            excluded, store_rel = policy.excluded_name, policy.store_rel
-            walked["ignored"] = lambda rel, name: excluded(name) or rel == store_rel
+            walked["ignored"] = lambda rel, name: policy.excluded(rel)
         scan = scan_tree(ws.root, policy, dirs)
         files = scan.files
         # A file's signature: its path and the five stat fields (size to
@@ -7166,6 +7485,7 @@ class Reporting:
         """A page of ws's steps (and drift records), or one step with its files (under the lock)."""
         ws.follow_active()
         state = ws.records.read_state()
+        numbers = ws.records.step_numbers()
         if index is not None:
             ws.records.check_step_number(index, state["last_step"])
             step = ws.records.read_step(index)
@@ -7173,26 +7493,63 @@ class Reporting:
             paths = sorted(files)[cursor:cursor + limit]
             steps = [self._step_view(step, state, files={p: files[p] for p in paths})]
             steps[0]["file_count"] = len(files)
-            numbers = []
             next_cursor = cursor + limit if cursor + limit < len(files) else None
+            first = numbers.index(index) if index in numbers else len(numbers)
+            span = (first, first + 1)
         else:
-            numbers = ws.records.step_numbers()
             page = numbers[cursor:cursor + limit]
             steps = [self._listed(lambda: self._step_view(ws.records.read_step(n), state),
                                   {"index": n, "head": n == state["head"]})
                      for n in page]
             next_cursor = cursor + limit if cursor + limit < len(numbers) else None
+            span = (cursor, cursor + limit)
         drifts = []
         if include_drift:
-            drift_numbers = ws.records.drift_numbers()
-            page = drift_numbers[cursor:cursor + limit]
+            drift_numbers = self._drifts_of_steps(ws, numbers, *span)
+            if not numbers:  # no step to belong to: the drift records come in pages
+                drift_numbers = ws.records.drift_numbers()
+                if cursor + limit < len(drift_numbers):
+                    next_cursor = cursor + limit
+                drift_numbers = drift_numbers[cursor:cursor + limit]
             drifts = [self._listed(lambda: self._drift_view(ws.records.read_drift(
-                "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in page]
-            if cursor + limit < len(drift_numbers):
-                next_cursor = cursor + limit
+                "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in drift_numbers]
         return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
                 "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
                 "total_steps": len(numbers) if index is None else None}
+
+    def _drifts_of_steps(self, ws, numbers, first, end):
+        """The numbers of the drift records that belong to the steps
+        numbers[first:end]: each drift record belongs to the newest step
+        made before it (those made before the first step, to the first)."""
+        drifts = ws.records.drift_numbers()
+        if not numbers or first >= len(numbers):
+            return []
+        begin_ns = self._created(ws.records.read_step, numbers[first]) if first > 0 else None
+        end_ns = self._created(ws.records.read_step, numbers[end]) if end < len(numbers) else None
+
+        def position(ns):  # of the first drift record made at or after ns
+            low, high = 0, len(drifts)
+            while low < high:
+                middle = (low + high) // 2
+                made = self._created(lambda n: ws.records.read_drift("d%04d" % n), drifts[middle])
+                if made < ns:
+                    low = middle + 1
+                else:
+                    high = middle
+            return low
+
+        start = 0 if begin_ns is None else position(begin_ns)
+        stop = len(drifts) if end_ns is None else position(end_ns)
+        return drifts[start:stop]
+
+    @staticmethod
+    def _created(read, number):
+        """created_ns of a record (read(number)); -1 when it does not read."""
+        try:
+            made = read(number).get("created_ns")
+        except (CheckpointError, OSError):
+            return -1
+        return made if isinstance(made, int) else -1
 
     @staticmethod
     def _listed(view, stub):
@@ -7259,6 +7616,7 @@ class Reporting:
         changed = sorted(set(recorded).union(drift_paths))
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
                                                           "next")}
+        last_view["verified"] = list((last or {}).get("verified") or [])
         next_step = last_view["next"]
         result = {"task_id": ws.task_id, "name": state["name"], "status": state["status"],
                   "goal": state["goal"], "constraints": state["constraints"],
@@ -7267,10 +7625,23 @@ class Reporting:
                   "drift_paths": drift_paths, "next": next_step,
                   "changed_since_step": changed,
                   "health": {"ok": not errors, "errors": list(dict.fromkeys(errors))},
-                  "store": ws.store.directory, "active_task": active, "skipped": skipped}
+                  "store": ws.store.directory, "active_task": active, "skipped": skipped,
+                  "recent": self._recent_steps(ws)}
         result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
                                          unseen=unseen)
         return result
+
+    @staticmethod
+    def _recent_steps(ws, count=5):
+        """{index, title} of the task's newest steps, newest first, so a new
+        session sees more than the last one."""
+        recent = []
+        for number in reversed(ws.records.step_numbers()[-count:]):
+            try:
+                recent.append({"index": number, "title": ws.records.read_step(number)["title"]})
+            except (CheckpointError, OSError):
+                recent.append({"index": number, "title": "(the record does not read)"})
+        return recent
 
     def changed_since_step(self, ws, state):
         """Under the store lock, for an export: the paths whose files differ
@@ -7316,11 +7687,12 @@ class Reporting:
         """What resume can say when the task's state file cannot be read."""
         errors = self._health(ws, {}) or [
             "%r could not be read as a task state; it is damaged" % ws.records.state_path]
-        empty = {"title": "", "conclusion": "", "description": "", "next": ""}
+        empty = {"title": "", "conclusion": "", "description": "", "next": "", "verified": []}
         return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
                 "constraints": "", "head": 0, "last": empty, "open_questions": [],
-                "drift_paths": [], "changed_since_step": [], "next": "", "health": {"ok": False, "errors": errors},
-                "store": ws.store.directory, "active_task": active, "skipped": [],
+                "drift_paths": [], "changed_since_step": [], "next": "",
+                "health": {"ok": False, "errors": errors}, "store": ws.store.directory,
+                "active_task": active, "skipped": [], "recent": [],
                 "handoff": "Task %s: its state file is damaged; see health.errors" % ws.task_id}
 
     @staticmethod
@@ -8025,6 +8397,10 @@ class Exporting:
 
     def export(self, ws, to, *, history):
         """Write ws's package into the folder to; takes the store lock."""
+        if _at_or_inside(to, ws.root):
+            raise InvalidArgument("to %r is inside the workspace %r: the next save would record "
+                                  "the package and a restore would delete it; export to a "
+                                  "folder outside the workspace" % (to, ws.root))
         store = enclosing_store(to)
         if store is None and _at_or_inside(to, os.path.realpath(ws.store.directory)):
             store = ws.store.directory
@@ -8174,14 +8550,25 @@ class Importing:
             store = self.workspaces.store(self.workspaces.store_dir_for(root))
             ws = Workspace(root, store, task_id, {"exclude": desc["task"].get("exclude") or []})
             refuse_foreign_paths(desc, self.policies.of(ws))
-            with store.lock:
-                ws.need_writable()
-                if ws.records.exists() or os.path.lexists(ws.records.directory):
-                    raise AlreadyExists("task %r already exists in the store %r; nothing was "
-                                        "imported" % (task_id, store.directory))
-                self.workspaces.release_caches(keep=store)
-                self.policies.clear()
-                recovered, left = self._import_locked(ws, package, desc)
+            new_store = not os.path.lexists(store.directory)
+            try:
+                with store.lock:
+                    ws.need_writable()
+                    if ws.records.exists() or os.path.lexists(ws.records.directory):
+                        raise AlreadyExists("task %r already exists in the store %r; nothing "
+                                            "was imported" % (task_id, store.directory))
+                    self.workspaces.release_caches(keep=store)
+                    self.policies.clear()
+                    recovered, left = self._import_locked(ws, package, desc)
+            except BaseException:
+                # A refused import leaves the workspace as it was: a store it
+                # made goes again, unless a rollback still needs it (a journal
+                # left to retry, content kept of files not put back).
+                if new_store and not store.journal_dirs() and not os.path.lexists(
+                        os.path.join(store.directory, KEPT_DIRNAME)):
+                    remove_tree(store.directory)
+                    store.forget_caches()
+                raise
         return {"task_id": task_id, "recovered": recovered, "skipped_paths": left}, ws
 
     def _import_locked(self, ws, package, desc):
@@ -8397,6 +8784,14 @@ class Importing:
 # ---------------------------------------------------------------------------
 
 
+def noted(ws, result):
+    """result with ws.note (a moved workspace, an adopted task) ahead of any
+    note of its own."""
+    if getattr(ws, "note", None):
+        result["note"] = ws.note + ("; " + result["note"] if result.get("note") else "")
+    return result
+
+
 class Checkpoints:
     """The facade: the ten operations, each a public method returning a
     plain dict. Every one has the same shape: resolve the workspace (root,
@@ -8435,15 +8830,14 @@ class Checkpoints:
         result, ws = self.setup.init(root, name, goal=goal, constraints=constraints,
                                      store=store, exclude=exclude)
         self._watch(ws.root, ws.store)
-        return result
+        return noted(ws, result)
 
     def switch(self, root, task_id):
-        validate_task_id(task_id)
-        ws = self.workspaces.resolve(root, task_id)
+        ws = self.workspaces.resolve(root, task_id, adopt=True)
         with ws.store.lock:
             result = self.setup.switch(ws)
         self._watch(ws.root, ws.store)
-        return result
+        return noted(ws, result)
 
     def save(self, root, title, *, task_id=None, description="", conclusion="", next="",
              verified=(), open_questions=(), close=False, paths=()):
@@ -8456,7 +8850,7 @@ class Checkpoints:
                                       open_questions=list(open_questions or ()),
                                       close=bool(close))
         self._recorded(ws)
-        return result
+        return noted(ws, result)
 
     def capture(self, root, *, source="capture", partial=False):
         ws = self.workspaces.resolve(root)
@@ -8468,7 +8862,7 @@ class Checkpoints:
         self._watch(ws.root, ws.store)
         if source == "capture":
             self._reset_watcher(ws)
-        return result
+        return noted(ws, result)
 
     def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
         ws = self.workspaces.resolve(root, task_id)
@@ -8476,14 +8870,14 @@ class Checkpoints:
             result = self.reporting.show(ws, index=index, include_drift=include_drift,
                                          limit=limit, cursor=cursor)
         self._watch(ws.root, ws.store)
-        return result
+        return noted(ws, result)
 
     def resume(self, root, *, task_id=None):
         """Read-only: where the task stands, and what changed since it was recorded."""
         ws = self.workspaces.resolve(root, task_id, lenient=True)
         result = self.reporting.resume(ws)  # its scan runs outside the lock
         self._watch(ws.root, ws.store)  # a new session starts here: record from now on
-        return result
+        return noted(ws, result)
 
     def restore(self, root, *, index=None, drift_id=None, apply=False):
         Restoring.check_target(index, drift_id)
@@ -8495,26 +8889,27 @@ class Checkpoints:
             self._recorded(ws)
         else:
             self._watch(ws.root, ws.store)
-        return result
+        return noted(ws, result)
 
     def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50):
         minimum = Compaction.check_limits(keep_seconds, minimum, maximum)
         ws = self.workspaces.resolve(root)
         with ws.store.lock:
-            return self.compaction.compress(ws, keep_seconds=keep_seconds, minimum=minimum,
-                                            maximum=maximum)
+            result = self.compaction.compress(ws, keep_seconds=keep_seconds, minimum=minimum,
+                                              maximum=maximum)
+        return noted(ws, result)
 
     def export(self, root, to, *, history=False):
         to = Exporting.check_destination(to)
         ws = self.workspaces.resolve(root)
         result = self.exporting.export(ws, to, history=history)  # it holds the lock itself
         self._watch(ws.root, ws.store)
-        return result
+        return noted(ws, result)
 
     def import_package(self, root, package):
         result, ws = self.importing.import_package(root, package)
         self._watch(ws.root, ws.store)
-        return result
+        return noted(ws, result)
 
     # -- the watcher --------------------------------------------------------
 

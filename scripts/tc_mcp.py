@@ -180,14 +180,24 @@ def s_obj(properties, required=()):
             "additionalProperties": False}
 
 
+# Every result may carry a note: what the call did besides its own work
+# (a store that moved with its workspace followed it, a task adopted).
+RESULT_NOTE = {"type": "string", "description": "What the call changed besides its own work, "
+                                                "in a sentence to pass on to the user."}
+
+
 def s_out(properties, required=None):
-    return {"type": "object", "properties": properties,
-            "required": list(properties if required is None else required)}
+    """An output schema: every property required unless required names them;
+    each may also hold an optional note (RESULT_NOTE)."""
+    required = list(properties if required is None else required)
+    return {"type": "object", "properties": dict({"note": RESULT_NOTE}, **properties),
+            "required": required}
 
 
 ROOT = s_str("Absolute path of the workspace directory (usually the project root).",
              max_length=PATH_LIMIT, min_length=1)
-TASK_ID = s_str("A task id returned by tc_init; defaults to the workspace's active task.",
+TASK_ID = s_str("A task id returned by tc_init (or the task's exact name); defaults to the "
+                "workspace's active task.",
                 max_length=128, min_length=1)
 SWITCH_TASK_ID = s_str("The id (from tc_init) of the suspended task to make active.",
                        max_length=128, min_length=1)
@@ -316,7 +326,10 @@ TOOLS = {
     "tc_init": Tool(
         hints=Hints("Start a task"),
         description="Start a long task in a workspace: names it, records its goal and the "
-                    "workspace as it is now. An already active task is suspended, not closed.",
+                    "workspace as it is now (drift record d0001), and makes it the active task "
+                    "that the other tools act on. An already active task is suspended, not "
+                    "closed. skipped_paths names what the records leave out (sensitive names, "
+                    "files over 100 MB, folders such as node_modules) and why.",
         input=s_obj({
             "root": ROOT,
             "name": s_str("Short task name.", max_length=TITLE_LIMIT, min_length=1),
@@ -330,21 +343,30 @@ TOOLS = {
         output=s_out({
             "task_id": {"type": "string"}, "name": {"type": "string"},
             "store": {"type": "string"}, "store_is_external": {"type": "boolean"},
-            "prev_suspended": NULLABLE_STR, "exclude": STR_LIST, "note": {"type": "string"}}),
+            "prev_suspended": NULLABLE_STR, "exclude": STR_LIST, "note": {"type": "string"},
+            "skipped_paths": SKIPPED, "omitted": OMITTED}),
         handler=call_init,
+        long_lists=("skipped_paths",),
     ),
     "tc_switch": Tool(
         hints=Hints("Return to a suspended task", idempotent=True),
-        description="Make a suspended task of this workspace active again.",
+        description="Make a suspended task of this workspace the active one again (task_id: "
+                    "its id, or its exact name). A task whose workspace folder is gone (moved) "
+                    "becomes this workspace's.",
         input=s_obj({"root": ROOT, "task_id": SWITCH_TASK_ID}, ["root", "task_id"]),
         output=s_out({"task_id": {"type": "string"}, "status": {"type": "string"}}),
         handler=call_switch,
     ),
     "tc_save": Tool(
         hints=Hints("Save a finished step"),
-        description="Save one finished step: what was done (title), what it concluded, and "
+        description="Save one finished step of the active task (or of task_id, which then "
+                    "becomes the active one): what was done (title), what it concluded, and "
                     "what comes next. Records every file of the workspace. Call after each "
-                    "step; close: true finishes the task.",
+                    "step; close: true finishes the task. idempotent: true means the same step "
+                    "was already saved; groups pairs top-level X.p3d files with their X.p3dat; "
+                    "skipped_paths names what this save newly left out and why; git.unchanged "
+                    "is true when the repository's HEAD, index, refs and stash were the same "
+                    "before and after (null when not checked).",
         input=s_obj({
             "root": ROOT,
             "title": s_str("One line: what this step did.", max_length=TITLE_LIMIT, min_length=1),
@@ -369,8 +391,12 @@ TOOLS = {
     ),
     "tc_capture": Tool(
         hints=Hints("Record file changes now", idempotent=True),
-        description="Record file changes on disk now, without waiting for the background "
-                    "watcher's quiet period.",
+        description="Record file changes on disk now as a drift record of the active task, "
+                    "without waiting for the background watcher's quiet period. captured: "
+                    "false just means nothing changed since the last record; waiting: true "
+                    "means the watcher was still waiting for the files to settle (the record "
+                    "is then partial); reads counts the files whose content was read. Drift "
+                    "ids (d0001, d0002, ...) count per task.",
         input=s_obj({"root": ROOT}, ["root"]),
         output=s_out({
             "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
@@ -383,8 +409,9 @@ TOOLS = {
     ),
     "tc_show": Tool(
         hints=Hints("List steps and drift records", read_only=True, idempotent=True),
-        description="List the task's steps (and drift records), newest last, a page at a "
-                    "time; index shows one step with its files.",
+        description="List the steps of the active task (or of task_id), newest last, a page "
+                    "at a time; include_drift adds the drift records that belong to the page's "
+                    "steps; index shows one step with its files.",
         input=s_obj({
             "root": ROOT, "task_id": TASK_ID,
             "index": s_int("Show this step with its files.", minimum=1),
@@ -399,7 +426,9 @@ TOOLS = {
             "task_id": {"type": "string"}, "status": {"type": "string"}, "omitted": OMITTED},
             ["steps", "drifts", "head", "next_cursor", "omitted"]),
         handler=call_show,
-        long_lists=(),  # each listed drift's added, modified and deleted (steps come in pages)
+        # The drift records of a page (those of its steps), and each one's
+        # added, modified and deleted; the steps themselves come in pages.
+        long_lists=("drifts",),
     ),
     "tc_restore": Tool(
         hints=Hints("Restore a step or a drift record", destructive=True),
@@ -424,16 +453,22 @@ TOOLS = {
     ),
     "tc_resume": Tool(
         hints=Hints("Pick the task up", read_only=True, idempotent=True),
-        description="Read-only: everything a new session needs to continue the task, with a "
-                    "ready-made handoff text and the paths changed but not yet recorded.",
+        description="Read-only: everything a new session needs to continue the active task "
+                    "(or task_id), with a ready-made handoff text, the last step, the newest "
+                    "steps (recent), and the paths changed but not yet recorded.",
         input=s_obj({"root": ROOT, "task_id": TASK_ID}, ["root"]),
         output=s_out({
             "goal": {"type": "string"}, "constraints": {"type": "string"},
             "head": {"type": "integer"},
             "last": {"type": "object", "properties": {
                 "title": {"type": "string"}, "conclusion": {"type": "string"},
-                "description": {"type": "string"}, "next": {"type": "string"}},
-                "required": ["title", "conclusion", "description", "next"]},
+                "description": {"type": "string"}, "next": {"type": "string"},
+                "verified": STR_LIST},
+                "required": ["title", "conclusion", "description", "next", "verified"]},
+            "recent": {"type": "array", "description": "The newest steps (up to five), newest "
+                       "first.", "items": {"type": "object", "properties": {
+                           "index": {"type": "integer"}, "title": {"type": "string"}},
+                           "required": ["index", "title"]}},
             "open_questions": STR_LIST, "drift_paths": STR_LIST, "next": {"type": "string"},
             "changed_since_step": STR_LIST, "handoff": {"type": "string"},
             "health": {"type": "object", "properties": {
@@ -443,17 +478,17 @@ TOOLS = {
             "status": {"type": "string"}, "omitted": OMITTED},
             ["goal", "constraints", "head", "last", "open_questions", "drift_paths", "next",
              "changed_since_step", "handoff", "health", "store", "active_task", "skipped",
-             "omitted"]),
+             "recent", "omitted"]),
         handler=call_resume,
         long_lists=("drift_paths", "changed_since_step", "skipped", "health.errors"),
     ),
     "tc_export": Tool(
         hints=Hints("Write a handoff package"),
-        description="Write a handoff package <task_id>-handoff/ into an existing directory: "
-                    "HANDOFF.md, a description and the current step's files (sensitive "
-                    "files left out). history: true adds every step. changed_since_step "
-                    "lists files changed after that step, which the package lacks: save "
-                    "first to include them.",
+        description="Write a handoff package <task_id>-handoff/ of the active task into an "
+                    "existing directory outside the workspace: HANDOFF.md, a description and "
+                    "the current step's files (sensitive files left out). history: true adds "
+                    "every step. changed_since_step lists files changed after that step, which "
+                    "the package lacks: save first to include them.",
         input=s_obj({
             "root": ROOT,
             "to": s_str("Absolute path of an existing directory.", max_length=PATH_LIMIT,
@@ -483,9 +518,9 @@ TOOLS = {
     ),
     "tc_compress": Tool(
         hints=Hints("Reclaim space from old drift records", destructive=True),
-        description="Reclaim space held by old drift records' content, and by content no "
-                    "record names (left by an interrupted save). Steps and recovered "
-                    "records are never touched.",
+        description="Reclaim space held by old drift records' content (of this workspace's "
+                    "tasks), and by content no record names (left by an interrupted save). "
+                    "Steps and recovered records are never touched.",
         input=s_obj({
             "root": ROOT,
             "keep_seconds": s_int("Keep drift content younger than this.", minimum=0,
@@ -736,6 +771,7 @@ def text_slots(result, omitted):
         last = result["last"] = dict(result["last"])
         slots.extend((last, key, "last." + key) for key in STEP_TEXTS
                      if isinstance(last.get(key), str))
+        text_list(last, "verified", "last.verified", TEXT_ITEMS_LIMIT)
     if isinstance(result.get("steps"), list):
         steps = result["steps"] = [dict(step) if isinstance(step, dict) else step
                                    for step in result["steps"]]

@@ -1,14 +1,15 @@
 """PathPolicy: which workspace paths a scan skips and which it treats as sensitive.
 
 Pure decisions with no I/O, so they are checked with tables of names. Paths
-are posix-style and relative to the workspace root.
+are posix-style and relative to the workspace root. The last class checks
+the same rules through a real server, with what a save says it left out.
 """
 
-import os
 import sys
 import unittest
 
 import support
+from support import ToolsTest, paths_of
 
 sys.path.insert(0, support.SCRIPTS)
 import tc  # noqa: E402
@@ -35,12 +36,23 @@ class AlwaysExcludedTest(TableMixin, unittest.TestCase):
     def test_top_level_names(self):
         self.check_table(policy().excluded, self.ALWAYS, True, "excluded")
 
-    def test_names_at_any_depth(self):
+    def test_folder_names_at_any_depth(self):
         deep = []
         for name in self.ALWAYS:
             deep.append("pkg/" + name)
             deep.append("a/b/c/" + name)
-        self.check_table(policy().excluded, deep, True, "excluded")
+        self.check_table(policy().excluded_folder, deep, True, "an excluded folder")
+        self.check_table(policy().excluded, [path + "/inside.txt" for path in deep], True,
+                         "excluded")
+
+    def test_a_file_below_the_top_is_never_excluded_by_its_own_name(self):
+        # A pattern matches one name segment: a folder's name at any depth or
+        # the first segment of the path, never the name of a deeper file.
+        paths = ["src/backup_manager.py", "src/notes.bak", "lib/backup.py", "a/b/build",
+                 "pkg/dist", "tools/target"]
+        self.check_table(policy().excluded, paths, False, "excluded")
+        self.check_table(policy().excluded, ["backup_manager.py", "notes.bak", "build"], True,
+                         "excluded")
 
     def test_paths_below_excluded_directories(self):
         paths = [".git/config", ".git/objects/ab/cdef", "node_modules/left-pad/index.js",
@@ -48,7 +60,7 @@ class AlwaysExcludedTest(TableMixin, unittest.TestCase):
                  ".venv/lib/python3.11/site.py", "venv/bin/python", "rust/target/debug/app",
                  "dist/pkg-1.0.tar.gz", "docs/build/html/index.html",
                  "backup_old/main.py", ".checkpoints/tasks/t/state.json",
-                 ".idea/workspace.xml", "sub/.vscode/settings.json", "data/old.bak"]
+                 ".idea/workspace.xml", "sub/.vscode/settings.json", "old.bak"]
         self.check_table(policy().excluded, paths, True, "excluded")
 
     def test_ordinary_paths_are_kept(self):
@@ -70,9 +82,11 @@ class ExcludePatternTest(TableMixin, unittest.TestCase):
 
     def test_glob_patterns_match_single_segments(self):
         pol = policy(exclude=["*.log", "tmp*"])
-        self.check_table(pol.excluded, ["server.log", "logs/app.log", "tmp", "tmp_data/a.txt",
-                                        "x/tmpfiles/b.txt"], True, "excluded")
-        self.check_table(pol.excluded, ["server.log.txt", "src/atmp.py", "logs/app.txt"],
+        self.check_table(pol.excluded, ["server.log", "tmp", "tmp_data/a.txt",
+                                        "x/tmpfiles/b.txt", "app.log/inside.txt"], True,
+                         "excluded")
+        self.check_table(pol.excluded, ["server.log.txt", "src/atmp.py", "logs/app.txt",
+                                        "logs/app.log", "src/tmp_helpers.py"],
                          False, "excluded")
 
     def test_patterns_do_not_replace_the_always_excluded_names(self):
@@ -155,10 +169,17 @@ class SensitiveFileTest(TableMixin, unittest.TestCase):
         paths = ["service-account.json", "service-account-prod.yaml", "service_account.json",
                  "gcp/service_account_key.json", "prod.serviceaccount.json",
                  "deploy/ci.serviceaccount.json", "firebase.json",
-                 "firebase-adminsdk-x1y2.json", "web/firebase-config.js",
+                 "firebase-adminsdk-x1y2.json", "web/firebase-config.json",
                  "appsettings.json", "appsettings.Development.json",
                  "api/appsettings.Production.json"]
         self.check_table(policy().sensitive, paths, True, "sensitive")
+
+    def test_firebase_source_files_are_not_secrets(self):
+        # firebase* guards service-account keys, which are JSON: a script
+        # that sets up the client library is source code, stored like any.
+        paths = ["src/firebase_init.js", "web/firebase-config.js", "lib/firebase.ts",
+                 "firebase_app.py"]
+        self.check_table(policy().sensitive, paths, False, "stored")
 
 
 class AmbiguousSubstringTest(TableMixin, unittest.TestCase):
@@ -240,6 +261,48 @@ class GlobSetTest(unittest.TestCase):
             self.assertTrue(fast.match(name), name)
         for name in ("x.log.txt", "atmp", "exactly", "xexact", "abcd", "ac", "cach"):
             self.assertFalse(fast.match(name), name)
+
+class LeftOutThroughTheServerTest(ToolsTest):
+    """What the name rules and the sensitive list leave out, through a real
+    server: a deeper file is never left out by its own name, and what is
+    left out is said at the first save (or tc_init) that meets it."""
+
+    def test_a_deeper_file_named_like_an_excluded_pattern_is_recorded_and_restored(self):
+        self.write("src/backup_manager.py", "good\n")
+        self.write("src/notes.bak", "kept\n")
+        self.init()
+        first = self.save("one")["index"]
+        self.write("src/backup_manager.py", "broken edit\n")
+        self.save("two")
+        self.ok("tc_restore", root=self.root, index=first, apply=True)
+        self.assertEqual(self.read("src/backup_manager.py"), b"good\n")
+        files = paths_of(self.ok("tc_show", root=self.root, index=first)["steps"][0]["files"])
+        self.assertIn("src/backup_manager.py", files)
+        self.assertIn("src/notes.bak", files)
+
+    def test_init_and_the_first_save_name_what_is_left_out_and_later_saves_only_the_new(self):
+        self.write("src/settings.py", "SECRET_KEY = 'x'\n")
+        self.write("node_modules/left-pad/index.js", "x\n")
+        self.write("backup.txt", "old\n")
+        self.write("src/app.py", "app\n")
+        init = self.init()
+        reasons = {item["path"]: item["reason"] for item in init["skipped_paths"]}
+        self.assertEqual(sorted(reasons), ["backup.txt", "node_modules", "src/settings.py"])
+        self.assertIn("sensitive", reasons["src/settings.py"])
+        self.assertIn("'node_modules'", reasons["node_modules"])
+        self.assertIn("'backup*'", reasons["backup.txt"])
+        self.assertEqual(self.save("one")["skipped_paths"], [], "said once is enough")
+        self.write("src/local_settings.py", "x\n")
+        self.write("web/dist/bundle.js", "x\n")
+        later = paths_of(self.save("two")["skipped_paths"])
+        self.assertEqual(later, {"src/local_settings.py", "web/dist"})
+
+    def test_what_is_left_out_is_bounded_in_a_result(self):
+        for number in range(130):
+            self.write("d%03d/node_modules/x.js" % number, "x\n")
+        init = self.init()
+        self.assertEqual(len(init["skipped_paths"]), 100)
+        self.assertEqual(init["omitted"], {"skipped_paths": 30})
 
 
 if __name__ == "__main__":

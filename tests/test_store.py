@@ -720,6 +720,111 @@ class DamagedRecordReportTest(ToolsTest):
         self.assertIn("s0001.json", self.refused("tc_show", root=self.root, index=1).text)
         self.assertIn("s0001.json", self.refused("tc_restore", root=self.root, index=1).text)
 
+class MovedWorkspaceTest(ToolsTest):
+    """A workspace folder moved (mv) or copied (cp -a) with its store inside
+    finds its tasks at the new path; an external store says where its tasks
+    are and how to continue; a task named by its exact name is found."""
+
+    def start(self):
+        task = self.init(goal="keep going")["task_id"]
+        self.write("a.txt", "one\n")
+        self.save("one", conclusion="first done", next="do two")
+        return task
+
+    def test_a_moved_workspace_keeps_its_tasks(self):
+        task = self.start()
+        moved = os.path.join(self.tmp, "moved")
+        os.rename(self.root, moved)
+        resumed = self.ok("tc_resume", root=moved)
+        self.assertEqual((resumed["task_id"], resumed["head"], resumed["next"]),
+                         (task, 1, "do two"))
+        self.assertIn("moved or copied", resumed["note"])
+        self.assertIn(self.root, resumed["note"])
+        write(moved, "a.txt", "two\n")
+        self.assertEqual(self.ok("tc_save", root=moved, title="two")["index"], 2)
+        self.ok("tc_restore", root=moved, index=1, apply=True)
+        self.assertEqual(read(moved, "a.txt"), b"one\n")
+        self.assertNotIn("note", self.ok("tc_resume", root=moved), "said once")
+
+    def test_a_copied_workspace_and_its_original_each_go_on(self):
+        task = self.start()
+        copy = os.path.join(self.tmp, "copy")
+        shutil.copytree(self.root, copy, symlinks=True)
+        self.assertEqual(self.ok("tc_resume", root=copy)["task_id"], task)
+        write(copy, "a.txt", "copy\n")
+        self.ok("tc_save", root=copy, title="in the copy")
+        self.assertEqual(self.ok("tc_resume", root=self.root)["head"], 1)
+        self.write("a.txt", "original\n")
+        self.assertEqual(self.save("in the original")["index"], 2)
+        self.assertEqual(read(copy, "a.txt"), b"copy\n")
+
+    def test_an_external_store_names_the_tasks_of_the_old_path_and_switch_takes_one_over(self):
+        ext = os.path.join(self.tmp, "ext")
+        task = self.init(store=ext)["task_id"]
+        self.write("a.txt", "one\n")
+        self.save("one")
+        moved = os.path.join(self.tmp, "moved")
+        os.rename(self.root, moved)
+        refused = self.refused("tc_resume", root=moved)
+        self.assertIn(task, refused.text)
+        self.assertIn(self.root, refused.text)
+        self.assertIn("tc_switch", refused.text)
+        switched = self.ok("tc_switch", root=moved, task_id=task)
+        self.assertIn("no longer there", switched["note"])
+        self.assertEqual(self.ok("tc_resume", root=moved)["task_id"], task)
+        write(moved, "a.txt", "two\n")
+        self.assertEqual(self.ok("tc_save", root=moved, title="two")["index"], 2)
+
+    def test_a_task_of_a_workspace_still_there_is_not_taken_over(self):
+        ext = os.path.join(self.tmp, "ext")
+        task = self.init(store=ext)["task_id"]
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        self.ok("tc_init", root=other, name="other", store=ext)
+        refused = self.refused("tc_switch", root=other, task_id=task)
+        self.assertIn("tc_export", refused.text)
+        self.assertEqual(self.ok("tc_resume", root=self.root)["task_id"], task)
+
+    def test_a_task_is_found_by_its_exact_name_and_an_unknown_one_lists_the_ids(self):
+        first = self.init(name="alpha work")["task_id"]
+        second = self.init(name="beta work")["task_id"]
+        self.assertEqual(self.ok("tc_switch", root=self.root, task_id="alpha work")["task_id"],
+                         first)
+        self.assertEqual(self.ok("tc_show", root=self.root, task_id="beta work")["task_id"],
+                         second)
+        refused = self.refused("tc_resume", root=self.root, task_id="gamma")
+        self.assertIn(first, refused.text)
+        self.assertIn(second, refused.text)
+
+    def test_an_empty_workspace_is_told_about_tc_init_and_tc_import(self):
+        refused = self.refused("tc_resume", root=self.root)
+        self.assertIn("tc_init", refused.text)
+        self.assertIn("tc_import", refused.text)
+
+
+class InsideAnotherWorkspaceTest(ToolsTest):
+    """A root inside a workspace that has tasks is pointed at that workspace."""
+
+    def test_init_in_a_subfolder_is_refused_and_the_other_tools_point_up(self):
+        task = self.init(name="outer work")["task_id"]
+        inner = os.path.join(self.root, "src")
+        os.makedirs(inner)
+        before = tree_listing(self.tmp)
+        refused = self.refused("tc_init", root=inner, name="inner")
+        self.assertIn(self.root, refused.text)
+        self.assertIn(task, refused.text)
+        self.assertEqual(tree_listing(self.tmp), before, "nothing is made in the subfolder")
+        for tool in ("tc_resume", "tc_show", "tc_capture"):
+            text = self.refused(tool, root=inner).text
+            self.assertIn("root %r" % self.root, text, tool)
+
+    def test_a_subfolder_with_a_store_of_its_own_keeps_working(self):
+        inner = os.path.join(self.root, "pkg")
+        os.makedirs(inner)
+        self.ok("tc_init", root=inner, name="inner first")
+        self.init(name="outer later")
+        self.assertEqual(self.ok("tc_resume", root=inner)["name"], "inner first")
+
 
 if __name__ == "__main__":
     unittest.main()

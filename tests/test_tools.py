@@ -128,11 +128,15 @@ class InitSwitchTest(ToolsTest):
         self.write("src/a.py", "a = 1\n")
         self.save("first")
         self.write("logs/run.txt", "noise\n")
-        self.write("src/scratch.tmp", "noise\n")
+        self.write("scratch.tmp", "noise\n")
         self.write("src/new.py", "b = 2\n")
+        # A pattern matches a folder's name at any depth, or a top-level
+        # file's: a deeper file is never left out by its own name.
+        self.write("src/kept.tmp", "kept\n")
         drift = paths_of(self.ok("tc_resume", root=self.root)["drift_paths"])
         self.assertIn("src/new.py", drift)
-        self.assertFalse([p for p in drift if p.startswith("logs") or p.endswith(".tmp")], drift)
+        self.assertIn("src/kept.tmp", drift)
+        self.assertFalse([p for p in drift if p.startswith("logs") or p == "scratch.tmp"], drift)
 
     def test_exclude_pattern_with_slash_is_refused(self):
         for pattern in ("config/database.yaml", "a/b", "/abs"):
@@ -1061,7 +1065,8 @@ class ValidationTest(ToolsTest):
             with self.subTest(task_id=bad):
                 for tool in ("tc_switch", "tc_show"):
                     res = self.refused(tool, root=self.root, task_id=bad)
-                    self.assertIn("not a valid task id", res.text)
+                    self.assertIn("does not exist", res.text)
+                    self.assertIn(task_id, res.text, "the ids there are are named")
         after = tree_listing(self.tmp)
         strip = lambda listing: [p for p in listing if not p[0].endswith("server.log")]
         self.assertEqual(strip(after), strip(before))
