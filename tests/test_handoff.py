@@ -353,6 +353,19 @@ class ExportImportTest(HandoffBase):
                          [p for p in before if ".checkpoints" not in p[0]])
         self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), "relative-out")))
 
+    def test_a_destination_inside_the_workspace_or_its_store_is_refused(self):
+        srv = self.server(cwd=self.tmp)
+        self.make_source(srv)
+        inside = os.path.join(self.root, "exports")
+        os.makedirs(inside)
+        before = tree_listing(self.root)
+        for to in (self.root, inside, os.path.join(self.root, ".checkpoints")):
+            res = srv.call("tc_export", root=self.root, to=to)
+            self.assertTrue(res.is_error, (to, res))
+            self.assertIn("outside", res.text)
+        self.assertEqual([p for p in tree_listing(self.root) if ".checkpoints" not in p[0]],
+                         [p for p in before if ".checkpoints" not in p[0]])
+
     def test_existing_package_of_same_name_is_refused(self):
         srv = self.server()
         task_id, _ = self.make_source(srv)
@@ -600,6 +613,28 @@ class CraftedPackageTest(HandoffBase):
             fh.seek(100)
             fh.write(b"\x00TAMPERED\x00")
         self.assert_refused_without_trace(package, "tampered file")
+
+    def test_a_refused_import_into_a_workspace_without_a_store_leaves_it_as_it_was(self):
+        fresh = os.path.join(self.target_parent, "fresh")
+        write(fresh, "mine.txt", "the receiver's own work\n")
+        tampered = self.copy_package()
+        with open(content_copy(tampered, "src/data.bin"), "r+b") as fh:
+            fh.seek(100)
+            fh.write(b"\x00TAMPERED\x00")
+        linked = os.path.join(self.target_parent, "linked")
+        write(linked, "mine.txt", "mine\n")
+        outside = os.path.join(self.target_parent, "outside")
+        write(outside, "app.py", "elsewhere\n")
+        if can_symlink():
+            os.symlink(outside, os.path.join(linked, "src"))
+        for target, package in ((fresh, tampered), (linked, self.copy_package())):
+            if target == linked and not can_symlink():
+                continue
+            before = tree_listing(target)
+            res = self.dst.call("tc_import", root=target, package=package)
+            self.assertTrue(res.is_error, res)
+            self.assertEqual(tree_listing(target), before, "%s: no store is left" % target)
+        self.assertEqual(read(outside, "app.py"), b"elsewhere\n")
 
     def test_tampered_file_whose_content_the_receiver_holds_is_refused(self):
         # The receiving store already holds src/app.py's content, so the

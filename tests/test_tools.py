@@ -421,6 +421,30 @@ class ShowTest(ToolsTest):
             with open(log, encoding="utf-8") as fh:
                 self.assertNotIn("Traceback", fh.read())
 
+    def test_a_page_lists_the_drift_records_of_its_steps(self):
+        self.init()
+        made = {}  # step number -> the drift ids captured after it
+        for n in range(1, 5):
+            self.write("a.txt", "step %d\n" % n)
+            step = self.save("step %d" % n)["index"]
+            made[step] = []
+            for k in range(2):
+                self.write("b.txt", "after step %d, capture %d\n" % (n, k))
+                made[step].append(self.ok("tc_capture", root=self.root)["drift_id"])
+        pages = [self.ok("tc_show", root=self.root, include_drift=True, limit=2, cursor=c)
+                 for c in (0, 2)]
+        for page in pages:
+            ids = set(drift_ids(page["drifts"]))
+            for step in page["steps"]:
+                self.assertTrue(set(made[step["index"]]) <= ids, (step["index"], ids))
+            others = {d for s, drifts in made.items() for d in drifts
+                      if s not in {step["index"] for step in page["steps"]}}
+            self.assertFalse(others & ids, "a page lists only the records of its steps")
+        self.assertIn("d0001", drift_ids(pages[0]["drifts"]), "the baseline goes with step 1")
+        one = self.ok("tc_show", root=self.root, index=3, include_drift=True)
+        self.assertTrue(set(made[3]) <= set(drift_ids(one["drifts"])))
+        self.assertFalse(set(made[2]) & set(drift_ids(one["drifts"])))
+
     def test_show_on_an_unknown_task(self):
         self.init()
         self.refused("tc_show", root=self.root, task_id="missing-000000")
@@ -520,6 +544,16 @@ class OtherToolsTest(ToolsTest):
 
 # ---------------------------------------------------------------- tc_resume
 class ResumeTest(ToolsTest):
+
+    def test_resume_gives_what_the_last_step_verified_and_the_newest_steps(self):
+        self.init()
+        self.write("a.txt", "x\n")
+        for n in range(1, 8):
+            self.save("step %d" % n, verified=["check %d passed" % n])
+        res = self.ok("tc_resume", root=self.root)
+        self.assertEqual(res["last"]["verified"], ["check 7 passed"])
+        self.assertEqual(res["recent"], [{"index": n, "title": "step %d" % n}
+                                         for n in (7, 6, 5, 4, 3)])
 
     def test_resume_fields_and_handoff(self):
         task = self.prepare()
