@@ -2199,9 +2199,10 @@ class ChangedWhileRead(OSError):
 
 # File times are stamped from a clock that moves in ticks (on Linux the
 # kernel's coarse clock, 1 to 10 ms a tick), so writes within one tick may
-# leave a file's times as they were, and a write begun before a read may
-# still be copying its bytes while the read runs. A file whose times fall
-# within RECENT_NS of a read is read twice (see check_unchanged).
+# leave a file's times as they were; and a write stamps the times when it
+# begins, so one begun before a read may still be copying its bytes while
+# the read runs. A file whose times fall within RECENT_NS of a read is read
+# again once they are RECENT_NS old (see check_unchanged).
 RECENT_NS = 10_000_000
 
 
@@ -2219,12 +2220,19 @@ def check_unchanged(fd, st, count, sha, started_ns):
 
     started_ns: time.time_ns() as the read began. A file changed within
     RECENT_NS of that moment may have been written during the read with
-    its times left as they were: its bytes are read once more, and must
-    hash the same, so what was read is a state it had. Only files changed
-    just before they are read pay for the second read."""
+    its times left as they were: once its change is RECENT_NS old, its
+    bytes are read once more and must hash the same, so what was read is a
+    state it had, not one a write still under way passed through. Only
+    files changed just before they are read pay for the wait (at most
+    RECENT_NS) and the second read. A write that stalls for longer than
+    that halfway through leaves the file in that state meanwhile: it is
+    then what the file holds, and may be recorded as such."""
     if not _times_moved(os.fstat(fd), st):
         changed_at = max(st.st_mtime_ns, st.st_ctime_ns)
         if started_ns - RECENT_NS <= changed_at <= started_ns + RECENT_NS:
+            settle = changed_at + RECENT_NS - time.time_ns()
+            if settle > 0:
+                time.sleep(settle / 1e9)
             if _prefix_sha(fd, count) != sha:
                 raise ChangedWhileRead()
         else:

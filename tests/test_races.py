@@ -157,14 +157,19 @@ class ChangingWhileReadTest(WorkspaceTest):
         srv.ok("tc_init", root=self.root, name="torn")
         stop = threading.Event()
 
+        # Each version goes in with one write, so the file holds a mix only
+        # while that write runs (a writer paused between several writes
+        # would leave a mix that is, for that while, what the file holds).
+        versions = [bytes([ord("B") + letter]) * self.SIZE for letter in range(20)]
+
         def rewrite():
             letter = 0
             fd = os.open(path, os.O_WRONLY)
             try:
                 while not stop.is_set():
-                    block = bytes([ord("B") + letter % 20]) * (256 << 10)
-                    for offset in range(0, self.SIZE, len(block)):
-                        os.pwrite(fd, block, offset)
+                    data, offset = versions[letter % 20], 0
+                    while offset < self.SIZE:
+                        offset += os.pwrite(fd, data[offset:], offset)
                     letter += 1
             finally:
                 os.close(fd)
