@@ -87,8 +87,8 @@ import time
 __version__ = "0.1.0"
 
 # What the adapter (tc_mcp.py) uses; the rest is this module's own.
-__all__ = ["__version__", "Checkpoints", "CheckpointError", "Config", "OS_ERROR_ADVICE",
-           "atomic_write", "cancel_event", "cancellable", "describe_os_error",
+__all__ = ["__version__", "AGENT_LIMIT", "Checkpoints", "CheckpointError", "Config",
+           "OS_ERROR_ADVICE", "atomic_write", "cancel_event", "cancellable", "describe_os_error",
            "traceback_text"]
 
 
@@ -1452,6 +1452,46 @@ def validate_drift_id(drift_id):
                               "d9999, d10000 ..., without further leading zeros"
                               % (drift_id[:40],))
     return drift_id
+
+
+AGENT_LIMIT = 100  # characters of an agent label
+
+
+def agent_ok(value):
+    """Whether value is an agent label a record may hold: one line of text,
+    1 to AGENT_LIMIT characters, no surrounding space (see validate_agent)."""
+    return (type(value) is str and 0 < len(value) <= AGENT_LIMIT and value.strip() == value
+            and not _UNPRINTABLE.search(value))
+
+
+def validate_agent(agent):
+    """The label of who makes a call (e.g. "planner"), as its records keep
+    it: stripped, None for none (None or blank). A label is shown on a line
+    of its own kind ("Current step: 7 (...) by reviewer"), so a control
+    character or line break is refused rather than shown escaped."""
+    if agent is None:
+        return None
+    if not isinstance(agent, str):
+        raise InvalidArgument("agent must be a short text naming who makes the call, such as "
+                              "'planner' or 'worker-2'")
+    label = agent.strip()
+    if len(label) > AGENT_LIMIT:
+        raise InvalidArgument("agent is too long (%d characters, at most %d): pass a short "
+                              "label" % (len(label), AGENT_LIMIT))
+    if _UNPRINTABLE.search(label):
+        raise InvalidArgument("agent %r contains a control character or line break; pass a "
+                              "one-line label" % label[:40])
+    return label or None
+
+
+def validate_expected_head(expected_head):
+    """expected_head as a call passes it: None (no check) or the step number
+    the caller last read as the head, 0 for no step yet."""
+    if expected_head is not None and (type(expected_head) is not int
+                                      or not 0 <= expected_head <= MAX_STEP):
+        raise InvalidArgument("expected_head must be the head step number tc_resume or "
+                              "tc_show gave (0: no step yet), got %s" % repr(expected_head)[:40])
+    return expected_head
 
 
 def store_rel_in(root, store_dir):
@@ -3035,19 +3075,19 @@ STATE_SHAPE = ({"task_id": _text, "name": _text, "goal": _text, "constraints": _
                 "exclude": _texts, "head": _whole, "last_step": _whole, "last_drift": _whole,
                 "last_manifest": _whole},
                {"head_manifest": _whole, "index_manifest": _whole, "created": _text,
-                "updated": _text})
+                "updated": _text, "agent": agent_ok})
 STEP_SHAPE = ({"index": lambda v: _whole(v) and 1 <= v <= MAX_STEP, "title": _text,
                "manifest": _whole},
               {"description": _text, "conclusion": _text, "next": _text, "verified": _texts,
                "open_questions": _texts, "drift_id": lambda v: v is None or _text(v),
                "groups": lambda v: type(v) is list, "created": _text, "created_ns": _whole,
-               "unseen": _texts})
+               "unseen": _texts, "agent": agent_ok, "head_before": _whole})
 DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                 "modified": _texts, "deleted": _texts, "created_ns": _whole},
                {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
                 "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
                 "reason": lambda v: v is None or _text(v), "created": _text,
-                "unseen": _texts})
+                "unseen": _texts, "agent": agent_ok})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
                    "files": lambda v: (type(v) is dict and rel_paths_ok(v)
@@ -3158,36 +3198,50 @@ def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def make_state(*, task_id, name, goal, constraints, root, exclude):
-    return {
+def make_state(*, task_id, name, goal, constraints, root, exclude, agent=None):
+    return with_agent({
         "format": 1, "task_id": task_id, "name": name, "goal": goal,
         "constraints": constraints, "root": root, "status": "open",
         "exclude": list(exclude), "created": now_iso(), "updated": now_iso(),
         "head": 0, "last_step": 0, "last_drift": 0, "last_manifest": 0,
         "head_manifest": 0,
-    }
+    }, agent)
 
 
 def make_step(*, index, title, description, conclusion, next_step, verified,
-              open_questions, manifest, drift_id, groups, unseen=()):
-    return with_unseen({
+              open_questions, manifest, drift_id, groups, unseen=(), agent=None,
+              head_before=None):
+    """head_before: the head the step was saved on (what a retried save
+    based on that head repeats, see Saving.save)."""
+    step = with_unseen({
         "index": index, "title": title, "description": description,
         "conclusion": conclusion, "next": next_step, "verified": list(verified),
         "open_questions": list(open_questions), "manifest": manifest,
         "drift_id": drift_id, "groups": groups,
         "created": now_iso(), "created_ns": time.time_ns(),
     }, unseen)
+    if head_before is not None:
+        step["head_before"] = head_before
+    return with_agent(step, agent)
 
 
 def make_drift(*, number, kind, manifest, added, modified, deleted, partial=False,
-               head_before=None, reason=None, unseen=()):
-    return with_unseen({
+               head_before=None, reason=None, unseen=(), agent=None):
+    return with_agent(with_unseen({
         "id": "d%04d" % number, "kind": kind, "manifest": manifest,
         "added": added, "modified": modified, "deleted": deleted,
         "partial": partial, "compressed": False, "unrestorable": [],
         "head_before": head_before, "reason": reason,
         "created": now_iso(), "created_ns": time.time_ns(),
-    }, unseen)
+    }, unseen), agent)
+
+
+def with_agent(record, agent):
+    """record, with "agent" naming who made it (a label checked by
+    validate_agent) when the call that made it said."""
+    if agent:
+        record["agent"] = agent
+    return record
 
 
 def with_unseen(record, unseen):
@@ -6386,6 +6440,12 @@ def _path_list(paths, shown=20):
     return ", ".join(items) + (" (+%d more)" % more if more else "")
 
 
+def by_agent(record):
+    """" by <agent>" when the record names who made it, else ""."""
+    agent = record.get("agent")
+    return " by %s" % handoff_field(agent, one_line=True) if agent else ""
+
+
 def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=()):
     """Plain text a person can paste into a new session. changed: the paths
     that differ from the current step, recorded or not; shown when the drift
@@ -6399,8 +6459,8 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=
     if state.get("constraints"):
         lines.append("Constraints: %s" % handoff_field(state["constraints"]))
     if last:
-        lines.append("Current step: %d (%s)" % (
-            last["index"], handoff_field(last.get("title", ""), one_line=True)))
+        lines.append("Current step: %d (%s)%s" % (
+            last["index"], handoff_field(last.get("title", ""), one_line=True), by_agent(last)))
         if last.get("conclusion"):
             lines.append("Conclusion: %s" % handoff_field(last["conclusion"]))
         lines.append("Next step: %s" % (handoff_field(last.get("next")) or "(not stated)"))
@@ -6438,8 +6498,9 @@ def handoff_markdown(desc, left_out=()):
     if task.get("constraints"):
         out.append("- Constraints: %s" % handoff_field(task["constraints"]))
     if step:
-        out += ["- Current step: %d, %s" % (step["index"],
-                                            handoff_field(step.get("title"), one_line=True)),
+        out += ["- Current step: %d, %s%s" % (step["index"],
+                                              handoff_field(step.get("title"), one_line=True),
+                                              by_agent(step)),
                 "- Last conclusion: %s" % (handoff_field(step.get("conclusion")) or "(none)"),
                 "- Next step: %s" % (handoff_field(step.get("next")) or "(not stated)")]
     for question in step.get("open_questions") or []:
@@ -6946,18 +7007,19 @@ class Recorder:
         return number
 
     def record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
-                      head_before=None, reason=None, lists=None, later=None, unseen=()):
+                      head_before=None, reason=None, lists=None, later=None, unseen=(),
+                      agent=None):
         """Write a manifest and a drift record for entries; returns the record.
 
         lists (added, modified, deleted) overrides the diff against old_entries.
-        later: see _record_manifest.
+        later: see _record_manifest. agent: who made it (see make_drift).
         """
         added, modified, deleted = lists or diff_maps(old_entries, entries)
         number = self.record_manifest(ws, state, entries, later)
         drift_no = state["last_drift"] + 1
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
-                           head_before=head_before, reason=reason, unseen=unseen)
+                           head_before=head_before, reason=reason, unseen=unseen, agent=agent)
         write_record(ws.records.drift_path(drift_no), drift, later)
         state["last_drift"] = drift_no
         return drift
@@ -6983,7 +7045,7 @@ class Recorder:
         return [{"path": rel, "reason": LEFT_OUT_REASONS.get(now[rel]) or policy.left_out_reason(
                      rel, folder=now[rel] == "folder")} for rel in new]
 
-    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False):
+    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False, agent=None):
         """The drift pipeline: when snap differs from the index's entries,
         its manifest and drift record, then the state that points at them,
         flushed together with the content they name; then the index. The
@@ -6996,7 +7058,8 @@ class Recorder:
             counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
             try:
                 drift = self.record_drift(ws, state, snap.entries, old_entries, kind=kind,
-                                          partial=partial, later=later, unseen=snap.unseen)
+                                          partial=partial, later=later, unseen=snap.unseen,
+                                          agent=agent)
                 state["index_manifest"] = drift["manifest"]
                 ws.records.write_state_with(
                     state, lambda staged: ws.store.payloads.flush_with(later + staged))
@@ -7047,7 +7110,8 @@ class TaskSetup:
         self.recorder = recorder
         self.config = workspaces.config
 
-    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
+    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None,
+             agent=None):
         root = validate_root(root)
         refuse_pseudo_file_system(root)
         if not isinstance(name, str) or not name.strip():
@@ -7061,7 +7125,7 @@ class TaskSetup:
             st = self.workspaces.store(store_dir)
             ws = Workspace(root, st)
             (baseline, skipped), prev_suspended = self._init_task(
-                ws, name, goal, constraints, exclude, external)
+                ws, name, goal, constraints, exclude, external, agent)
         note = ("baseline recorded as %s (%d files); call tc_save after each finished step"
                 % (baseline, len(ws.records.read_index()["files"])))
         if moved:
@@ -7094,17 +7158,19 @@ class TaskSetup:
         except CheckpointError:  # a damaged pointer: the init replaces it
             return None
 
-    def _init_task(self, ws, name, goal, constraints, exclude, external):
+    def _init_task(self, ws, name, goal, constraints, exclude, external, agent):
         """Make the new task in ws.store and make it the workspace's active
         one; returns ((its baseline drift id, the skipped_paths of its
-        scan), the task it suspended or None)."""
+        scan), the task it suspended or None). agent: who starts it, kept in
+        its state and on its baseline."""
         st, root = ws.store, ws.root
         with st.lock:
             ws.need_writable()
             task_id = st.new_task_id(name)
             ws.task_id = task_id
             ws.state = make_state(task_id=task_id, name=name.strip(), goal=goal or "",
-                                  constraints=constraints or "", root=root, exclude=exclude)
+                                  constraints=constraints or "", root=root, exclude=exclude,
+                                  agent=agent)
             created = []  # content the baseline stored: nobody's if the init fails
             try:
                 baseline = self._baseline(ws, created)
@@ -7211,7 +7277,7 @@ class TaskSetup:
         snap = self.recorder.snapshot(ws, store_content=True)
         created.extend(snap.created)
         drift = self.recorder.record_drift(ws, ws.state, snap.entries, {}, kind="baseline",
-                                           unseen=snap.unseen)
+                                           unseen=snap.unseen, agent=ws.state.get("agent"))
         ws.state["index_manifest"] = drift["manifest"]
         ws.records.write_index({"stamp_ns": snap.stamp_ns, "files": snap.rows},
                                entries=snap.entries)
@@ -7256,6 +7322,25 @@ def find_groups(entries):
     return groups
 
 
+def head_moved(ws, state, expected_head):
+    """The refusal of a save or restore based on expected_head when the
+    task's head (state["head"]) is another step: one line naming the head,
+    its title and who saved it, so that the caller knows what it missed."""
+    head = state["head"]
+    if head:
+        try:
+            step = ws.records.read_step(head)
+            now = "step %d (%r)%s" % (head, step["title"][:200], by_agent(step))
+        except (CheckpointError, OSError):
+            now = "step %d (its record cannot be read)" % head
+    else:
+        now = "no step"
+    based = "step %d" % expected_head if expected_head else "no step (0)"
+    return Conflict("task %r has moved on: its head is %s, not %s as expected_head says; "
+                    "nothing was written. Call tc_resume and decide again"
+                    % (ws.task_id, now, based))
+
+
 class Saving:
     """tc_save and tc_capture: a snapshot of the workspace becomes a step
     (with its git ref) or a drift record."""
@@ -7276,8 +7361,10 @@ class Saving:
             raise InvalidArgument("title must be a non-empty string")
 
     def save(self, ws, title, *, description, conclusion, next_step, verified, open_questions,
-             close):
-        """Record the workspace as a new step of ws's task (under the lock)."""
+             close, expected_head=None, agent=None):
+        """Record the workspace as a new step of ws's task (under the lock).
+        With expected_head, only when the task's head is that step (see
+        _repeat_candidate); agent: who saves it, kept on the step and its drift."""
         ws.follow_active()
         ws.need_writable()
         current = ws.records.read_state()
@@ -7289,11 +7376,15 @@ class Saving:
                            "have; a tc_save with close: true closes it (what changed "
                            "goes into a drift record), and it stays readable; start a "
                            "new task with tc_init" % (ws.task_id, MAX_STEP))
+        repeat = self._repeat_candidate(ws, current, expected_head)
         # The snapshot comes first: it is the last point where a cancel
         # stops the save, and nothing may be written before it.
         old_index = ws.records.read_index()
         snap = self.recorder.snapshot(ws, store_content=True)
         try:
+            if repeat is not None and not self._same_step(
+                    ws, repeat, title, conclusion, next_step, verified, None, snap, agent):
+                raise head_moved(ws, current, expected_head)
             changed = ws.activate()
             state = ws.state = ws.records.read_state()
         except BaseException:
@@ -7302,7 +7393,8 @@ class Saving:
         counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
         try:
             result = self._commit_step(ws, state, old_index, snap, title, description,
-                                       conclusion, next_step, verified, open_questions, close)
+                                       conclusion, next_step, verified, open_questions, close,
+                                       agent)
         except BaseException:
             self.recorder.drop_unrecorded(ws, counters, snap.created)
             raise
@@ -7313,8 +7405,23 @@ class Saving:
         result["active_task_changed"] = changed
         return result
 
+    @staticmethod
+    def _repeat_candidate(ws, state, expected_head):
+        """Before a save's snapshot: None when it may go on (no expected_head,
+        or the task's head is that step). When the head is another step, the
+        save is refused (head_moved), unless the head step was saved on
+        expected_head: the save may then repeat it exactly (a call retried
+        after its answer was lost), idempotent as without expected_head, and
+        that step is returned for the snapshot to be compared with."""
+        if expected_head is None or state["head"] == expected_head:
+            return None
+        head = ws.records.read_step(state["head"]) if state["head"] else None
+        if head is None or head.get("head_before") != expected_head:
+            raise head_moved(ws, state, expected_head)
+        return head
+
     def _commit_step(self, ws, state, old_index, snap, title, description, conclusion,
-                     next_step, verified, open_questions, close):
+                     next_step, verified, open_questions, close, agent):
         """The save pipeline after the snapshot (its payloads written):
         (drift) -> manifest -> step -> state -> index."""
         state_before = dict(state)
@@ -7330,7 +7437,7 @@ class Saving:
                           if at_limit else None)
                 drift_id = self.recorder.record_drift(ws, state, snap.entries, old_entries,
                                               kind="save", later=later, reason=reason,
-                                              unseen=snap.unseen)["id"]
+                                              unseen=snap.unseen, agent=agent)["id"]
             else:
                 self.recorder.record_manifest(ws, state, snap.entries, later)
             state["index_manifest"] = state["last_manifest"]
@@ -7339,7 +7446,7 @@ class Saving:
         result = {"task_id": ws.task_id, "title": title, "groups": find_groups(snap.entries),
                   "skipped_paths": snap.skipped}
         if self._same_step(ws, head, title, conclusion, next_step, verified, manifest_no,
-                           snap):
+                           snap, agent):
             index, idempotent, new_step = head["index"], True, None
         elif at_limit:
             index, idempotent, new_step = state["head"], False, None
@@ -7350,7 +7457,7 @@ class Saving:
                                  conclusion=conclusion, next_step=next_step, verified=verified,
                                  open_questions=open_questions, manifest=manifest_no,
                                  drift_id=drift_id, groups=result["groups"],
-                                 unseen=snap.unseen)
+                                 unseen=snap.unseen, agent=agent, head_before=state["head"])
             write_record(ws.records.step_path(index), new_step, later)
             state["last_step"] = state["head"] = index
             state["head_manifest"] = manifest_no
@@ -7370,13 +7477,14 @@ class Saving:
         return result
 
     @staticmethod
-    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, snap):
-        """An idempotent save: same title, conclusion, next and verified as the
-        head step, the same unseen paths, and the same files (compared only
-        when the rest matches)."""
+    def _same_step(ws, head, title, conclusion, next_step, verified, manifest_no, snap, agent):
+        """An idempotent save: same title, conclusion, next, verified and agent
+        as the head step, the same unseen paths, and the same files (compared
+        only when the rest matches; manifest_no None: by their entries)."""
         if head is None or (head.get("title"), head.get("conclusion"), head.get("next"),
-                            head.get("verified"), head.get("unseen", [])) != (
-                                title, conclusion, next_step, verified, sorted(snap.unseen)):
+                            head.get("verified"), head.get("unseen", []), head.get("agent")) != (
+                                title, conclusion, next_step, verified, sorted(snap.unseen),
+                                agent):
             return False
         return (head["manifest"] == manifest_no
                 or ws.records.manifests.load(head["manifest"]) == snap.entries)
@@ -7423,7 +7531,7 @@ class Saving:
             self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))
 
-    def capture(self, ws, *, source, partial, waiting):
+    def capture(self, ws, *, source, partial, waiting, agent=None):
         """Record what changed since the last record as a drift record (under the lock)."""
         ws.follow_active()
         ws.need_writable()
@@ -7433,7 +7541,7 @@ class Saving:
         old_index = ws.records.read_index()
         snap = self.recorder.snapshot(ws, store_content=True)
         drift = self.recorder.commit_snapshot(ws, state, snap, old_index, kind=source,
-                                              partial=partial or waiting)
+                                              partial=partial or waiting, agent=agent)
         return {"captured": drift is not None, "waiting": waiting,
                 "drift_id": drift["id"] if drift else None,
                 "partial": bool(drift and drift["partial"]), "reads": snap.reads,
@@ -7577,6 +7685,7 @@ class Reporting:
                                          "next", "verified", "open_questions", "created",
                                          "drift_id")}
         view["head"] = step["index"] == state["head"]
+        with_agent(view, step.get("agent"))
         if files is not None:
             view["files"] = [{"path": p, "size": e.size, "mode": "%o" % e.mode,
                               "kind": {"f": "file", "s": "sensitive", "b": "large"}[e.kind],
@@ -7588,7 +7697,7 @@ class Reporting:
         view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
                                           "added", "modified", "deleted", "head_before")}
         view["restorable"] = not drift.get("compressed")
-        return view
+        return with_agent(view, drift.get("agent"))
 
     @gc_paused
     def resume(self, ws):
@@ -7623,7 +7732,7 @@ class Reporting:
                                          % unread}]
         changed = sorted(set(recorded).union(drift_paths))
         last_view = {k: (last or {}).get(k, "") for k in ("title", "conclusion", "description",
-                                                          "next")}
+                                                          "next", "agent")}
         last_view["verified"] = list((last or {}).get("verified") or [])
         next_step = last_view["next"]
         result = {"task_id": ws.task_id, "name": state["name"], "status": state["status"],
@@ -7695,7 +7804,8 @@ class Reporting:
         """What resume can say when the task's state file cannot be read."""
         errors = self._health(ws, {}) or [
             "%r could not be read as a task state; it is damaged" % ws.records.state_path]
-        empty = {"title": "", "conclusion": "", "description": "", "next": "", "verified": []}
+        empty = {"title": "", "conclusion": "", "description": "", "next": "", "agent": "",
+                 "verified": []}
         return {"task_id": ws.task_id, "name": "", "status": "unknown", "goal": "",
                 "constraints": "", "head": 0, "last": empty, "open_questions": [],
                 "drift_paths": [], "changed_since_step": [], "next": "",
@@ -7946,9 +8056,11 @@ class Restoring:
         if drift_id is not None:
             validate_drift_id(drift_id)
 
-    def restore(self, ws, *, index, drift_id, apply):
+    def restore(self, ws, *, index, drift_id, apply, expected_head=None, agent=None):
         """Preview, or with apply do, a restore of ws to a step or a drift
-        record (under the lock)."""
+        record (under the lock). An applied one with expected_head is
+        refused unless the task's head is that step; agent: who restores,
+        kept on the recovered record."""
         ws.follow_active()
         state = ws.state = ws.records.read_state()
         if apply:
@@ -7956,6 +8068,8 @@ class Restoring:
             if state["status"] == "closed":
                 raise TaskClosed("task %r is closed: a restore can be previewed "
                                  "(apply: false) but not applied" % ws.task_id)
+            if expected_head is not None and state["head"] != expected_head:
+                raise head_moved(ws, state, expected_head)
         target_no, head_after, unseen = self._restore_target(ws, state, index, drift_id)
         target = ws.records.manifests.load(target_no)
         snap = self.recorder.snapshot(ws, store_content=apply, strict=apply)
@@ -7976,7 +8090,7 @@ class Restoring:
         recovered, skipped = None, snap.skipped
         if apply:
             recovered, left = self._apply_restore(ws, state, target, target_no, snap, plan,
-                                                  head_after)
+                                                  head_after, agent)
             skipped = skipped + left
         return {"applied": bool(apply), "recovered": recovered,
                 "plan": {k: plan[k] for k in ("to_delete", "to_write", "to_replace",
@@ -7998,7 +8112,7 @@ class Restoring:
             head_after = drift["head_before"]
         return drift["manifest"], head_after, unseen_skips(drift)
 
-    def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after):
+    def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after, agent=None):
         journal = Journal(ws.store, "restore", ws.root)
         journal.data["task_id"] = ws.task_id  # whose index a rollback settles
         current = snap.entries
@@ -8031,7 +8145,7 @@ class Restoring:
             drift = self.recorder.record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
                 lists=(done["to_delete"], done["to_replace"], done["to_write"]),
-                later=later, unseen=snap.unseen)
+                later=later, unseen=snap.unseen, agent=agent)
             state["head"] = head_after
             if head_after:
                 state["head_manifest"] = ws.records.read_step(head_after)["manifest"]
@@ -8405,16 +8519,16 @@ class Exporting:
 
     def export(self, ws, to, *, history):
         """Write ws's package into the folder to; takes the store lock."""
-        if _at_or_inside(to, ws.root):
-            raise InvalidArgument("to %r is inside the workspace %r: the next save would record "
-                                  "the package and a restore would delete it; export to a "
-                                  "folder outside the workspace" % (to, ws.root))
         store = enclosing_store(to)
         if store is None and _at_or_inside(to, os.path.realpath(ws.store.directory)):
             store = ws.store.directory
         if store is not None:
             raise InvalidArgument("to %r is inside the checkpoint store %r; export to a folder "
                                   "outside it" % (to, store))
+        if _at_or_inside(to, ws.root):
+            raise InvalidArgument("to %r is inside the workspace %r: the next save would record "
+                                  "the package and a restore would delete it; export to a "
+                                  "folder outside the workspace" % (to, ws.root))
         try:
             with ws.store.lock:
                 final, desc, left_out = self._export_locked(ws, to, history)
@@ -8834,9 +8948,11 @@ class Checkpoints:
 
     # -- the ten tools ------------------------------------------------------
 
-    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None):
+    def init(self, root, name, *, goal="", constraints="", store=None, exclude=None,
+             agent=None):
+        agent = validate_agent(agent)
         result, ws = self.setup.init(root, name, goal=goal, constraints=constraints,
-                                     store=store, exclude=exclude)
+                                     store=store, exclude=exclude, agent=agent)
         self._watch(ws.root, ws.store)
         return noted(ws, result)
 
@@ -8848,25 +8964,30 @@ class Checkpoints:
         return noted(ws, result)
 
     def save(self, root, title, *, task_id=None, description="", conclusion="", next="",
-             verified=(), open_questions=(), close=False, paths=()):
+             verified=(), open_questions=(), close=False, paths=(), expected_head=None,
+             agent=None):
         Saving.check_save(title, paths)
+        expected_head, agent = validate_expected_head(expected_head), validate_agent(agent)
         ws = self.workspaces.resolve(root, task_id)
         with ws.store.lock:
             result = self.saving.save(ws, title.strip(), description=description or "",
                                       conclusion=conclusion or "", next_step=next or "",
                                       verified=list(verified or ()),
                                       open_questions=list(open_questions or ()),
-                                      close=bool(close))
+                                      close=bool(close), expected_head=expected_head,
+                                      agent=agent)
         self._recorded(ws)
         return noted(ws, result)
 
-    def capture(self, root, *, source="capture", partial=False):
+    def capture(self, root, *, source="capture", partial=False, agent=None):
+        agent = validate_agent(agent)
         ws = self.workspaces.resolve(root)
         # A watcher capture comes after its own quiet period (or is partial by
         # its own decision); a tool call captures what the watcher still waits on.
         waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
         with ws.store.lock:
-            result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting)
+            result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting,
+                                         agent=agent)
         self._watch(ws.root, ws.store)
         if source == "capture":
             self._reset_watcher(ws)
@@ -8887,12 +9008,15 @@ class Checkpoints:
         self._watch(ws.root, ws.store)  # a new session starts here: record from now on
         return noted(ws, result)
 
-    def restore(self, root, *, index=None, drift_id=None, apply=False):
+    def restore(self, root, *, index=None, drift_id=None, apply=False, expected_head=None,
+                agent=None):
         Restoring.check_target(index, drift_id)
+        expected_head, agent = validate_expected_head(expected_head), validate_agent(agent)
         ws = self.workspaces.resolve(root)
         with ws.store.lock:
             result = self.restoring.restore(ws, index=index, drift_id=drift_id,
-                                            apply=bool(apply))
+                                            apply=bool(apply), expected_head=expected_head,
+                                            agent=agent)
         if apply:
             self._recorded(ws)
         else:

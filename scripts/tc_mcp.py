@@ -201,6 +201,18 @@ TASK_ID = s_str("A task id returned by tc_init (or the task's exact name); defau
                 max_length=128, min_length=1)
 SWITCH_TASK_ID = s_str("The id (from tc_init) of the suspended task to make active.",
                        max_length=128, min_length=1)
+AGENT = s_str("Who makes this call, when several agents share the task: a short label such "
+              "as 'planner' or 'worker-2', kept on what the call records and shown by "
+              "tc_show, tc_resume and the handoff.", max_length=tc.AGENT_LIMIT)
+
+
+def expected_head_schema(what):
+    return s_int("The head step number this call is based on, as tc_resume or tc_show last "
+                 "gave it (0: no step yet)%s. When the task's head is another step, the call "
+                 "is refused with nothing written: call tc_resume and decide again." % what,
+                 minimum=0)
+
+
 NULLABLE_STR = {"type": ["string", "null"]}
 STR_LIST = {"type": "array", "items": {"type": "string"}}
 SKIPPED = {"type": "array", "items": {"type": "object", "properties": {
@@ -239,7 +251,8 @@ def present(arguments, *names):
 
 
 def call_init(cp, a):
-    return cp.init(a["root"], a["name"], **present(a, "goal", "constraints", "store", "exclude"))
+    return cp.init(a["root"], a["name"], **present(a, "goal", "constraints", "store", "exclude",
+                                                   "agent"))
 
 
 def call_switch(cp, a):
@@ -249,11 +262,11 @@ def call_switch(cp, a):
 def call_save(cp, a):
     return cp.save(a["root"], a["title"], **present(
         a, "task_id", "description", "conclusion", "next", "verified", "open_questions",
-        "close", "paths"))
+        "close", "paths", "expected_head", "agent"))
 
 
 def call_capture(cp, a):
-    return cp.capture(a["root"])
+    return cp.capture(a["root"], **present(a, "agent"))
 
 
 def call_show(cp, a):
@@ -262,7 +275,8 @@ def call_show(cp, a):
 
 
 def call_restore(cp, a):
-    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply"))
+    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply", "expected_head",
+                                           "agent"))
 
 
 def call_resume(cp, a):
@@ -339,6 +353,7 @@ TOOLS = {
                            max_length=PATH_LIMIT, min_length=1),
             "exclude": s_list("Extra names to leave out of every scan: single-name globs such "
                               "as 'data' or '*.log' (no '/').", item_length=PATH_LIMIT),
+            "agent": AGENT,
         }, ["root", "name"]),
         output=s_out({
             "task_id": {"type": "string"}, "name": {"type": "string"},
@@ -379,6 +394,8 @@ TOOLS = {
             "close": s_bool("Close the task after this save (it stays readable)."),
             "paths": dict(s_list("Must be empty: a save always records the whole workspace.",
                                  item_length=PATH_LIMIT), maxItems=0),
+            "expected_head": expected_head_schema(""),
+            "agent": AGENT,
         }, ["root", "title"]),
         output=s_out({
             "task_id": {"type": "string"}, "index": {"type": "integer"},
@@ -397,7 +414,7 @@ TOOLS = {
                     "means the watcher was still waiting for the files to settle (the record "
                     "is then partial); reads counts the files whose content was read. Drift "
                     "ids (d0001, d0002, ...) count per task.",
-        input=s_obj({"root": ROOT}, ["root"]),
+        input=s_obj({"root": ROOT, "agent": AGENT}, ["root"]),
         output=s_out({
             "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
             "drift_id": NULLABLE_STR, "partial": {"type": "boolean"},
@@ -441,6 +458,8 @@ TOOLS = {
             "drift_id": s_str("Drift record to restore, e.g. 'd0003'.", max_length=32,
                               min_length=1),
             "apply": s_bool("false: preview only; true: change the workspace."),
+            "expected_head": expected_head_schema("; checked only with apply: true"),
+            "agent": AGENT,
         }, ["root"]),
         output=s_out({
             "applied": {"type": "boolean"}, "recovered": NULLABLE_STR, "plan": PLAN,
@@ -463,8 +482,8 @@ TOOLS = {
             "last": {"type": "object", "properties": {
                 "title": {"type": "string"}, "conclusion": {"type": "string"},
                 "description": {"type": "string"}, "next": {"type": "string"},
-                "verified": STR_LIST},
-                "required": ["title", "conclusion", "description", "next", "verified"]},
+                "verified": STR_LIST, "agent": {"type": "string"}},
+                "required": ["title", "conclusion", "description", "next", "verified", "agent"]},
             "recent": {"type": "array", "description": "The newest steps (up to five), newest "
                        "first.", "items": {"type": "object", "properties": {
                            "index": {"type": "integer"}, "title": {"type": "string"}},
