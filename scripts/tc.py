@@ -167,6 +167,7 @@ NEW_TASK_ID = re.compile(r"^(?!.*\.\.)(?!.*\.lock\Z)(?!.*\.\Z)")
 MAX_STEP = 999_999_999
 READ_TRIES = 3  # reads of a file that keeps changing while a snapshot reads it
 DRIFT_ID = re.compile(r"^d[0-9]{4,9}\Z")
+LABEL_LIMIT = 200  # characters of a drift record's label (tc_capture's, a hook's)
 
 
 def parse_bool(value, default):
@@ -2977,7 +2978,7 @@ DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
                 "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
                 "reason": lambda v: v is None or _text(v), "created": _text,
-                "unseen": _texts})
+                "unseen": _texts, "label": _text})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
                    "files": lambda v: (type(v) is dict and rel_paths_ok(v)
@@ -3110,14 +3111,19 @@ def make_step(*, index, title, description, conclusion, next_step, verified,
 
 
 def make_drift(*, number, kind, manifest, added, modified, deleted, partial=False,
-               head_before=None, reason=None, unseen=()):
-    return with_unseen({
+               head_before=None, reason=None, unseen=(), label=None):
+    """A drift record; label (a capture's own words, e.g. the command a hook
+    saw about to run) is stored only when given."""
+    drift = with_unseen({
         "id": "d%04d" % number, "kind": kind, "manifest": manifest,
         "added": added, "modified": modified, "deleted": deleted,
         "partial": partial, "compressed": False, "unrestorable": [],
         "head_before": head_before, "reason": reason,
         "created": now_iso(), "created_ns": time.time_ns(),
     }, unseen)
+    if label:
+        drift["label"] = label
+    return drift
 
 
 def with_unseen(record, unseen):
@@ -6670,7 +6676,8 @@ class Recorder:
         return number
 
     def record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
-                      head_before=None, reason=None, lists=None, later=None, unseen=()):
+                      head_before=None, reason=None, lists=None, later=None, unseen=(),
+                      label=None):
         """Write a manifest and a drift record for entries; returns the record.
 
         lists (added, modified, deleted) overrides the diff against old_entries.
@@ -6681,12 +6688,13 @@ class Recorder:
         drift_no = state["last_drift"] + 1
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
-                           head_before=head_before, reason=reason, unseen=unseen)
+                           head_before=head_before, reason=reason, unseen=unseen,
+                           label=label)
         write_record(ws.records.drift_path(drift_no), drift, later)
         state["last_drift"] = drift_no
         return drift
 
-    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False):
+    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False, label=None):
         """The drift pipeline: when snap differs from the index's entries,
         its manifest and drift record, then the state that points at them,
         flushed together with the content they name; then the index. The
@@ -6699,7 +6707,8 @@ class Recorder:
             counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
             try:
                 drift = self.record_drift(ws, state, snap.entries, old_entries, kind=kind,
-                                          partial=partial, later=later, unseen=snap.unseen)
+                                          partial=partial, later=later, unseen=snap.unseen,
+                                          label=label)
                 state["index_manifest"] = drift["manifest"]
                 ws.records.write_state_with(
                     state, lambda staged: ws.store.payloads.flush_with(later + staged))
@@ -7095,7 +7104,14 @@ class Saving:
             self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))
 
-    def capture(self, ws, *, source, partial, waiting):
+    @staticmethod
+    def check_label(label):
+        """Refuse a capture label that is not a short text, before anything is resolved."""
+        if label is not None and (not isinstance(label, str) or len(label) > LABEL_LIMIT):
+            raise InvalidArgument("label must be a text of at most %d characters"
+                                  % LABEL_LIMIT)
+
+    def capture(self, ws, *, source, partial, waiting, label=None):
         """Record what changed since the last record as a drift record (under the lock)."""
         ws.follow_active()
         ws.need_writable()
@@ -7105,7 +7121,8 @@ class Saving:
         old_index = ws.records.read_index()
         snap = self.recorder.snapshot(ws, store_content=True)
         drift = self.recorder.commit_snapshot(ws, state, snap, old_index, kind=source,
-                                              partial=partial or waiting)
+                                              partial=partial or waiting,
+                                              label=label.strip() if label else None)
         return {"captured": drift is not None, "waiting": waiting,
                 "drift_id": drift["id"] if drift else None,
                 "partial": bool(drift and drift["partial"]), "reads": snap.reads,
@@ -7221,7 +7238,8 @@ class Reporting:
     @staticmethod
     def _drift_view(drift):
         view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
-                                          "added", "modified", "deleted", "head_before")}
+                                          "added", "modified", "deleted", "head_before",
+                                          "label")}
         view["restorable"] = not drift.get("compressed")
         return view
 
@@ -8458,13 +8476,15 @@ class Checkpoints:
         self._recorded(ws)
         return result
 
-    def capture(self, root, *, source="capture", partial=False):
+    def capture(self, root, *, source="capture", partial=False, label=None):
+        Saving.check_label(label)
         ws = self.workspaces.resolve(root)
         # A watcher capture comes after its own quiet period (or is partial by
         # its own decision); a tool call captures what the watcher still waits on.
         waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
         with ws.store.lock:
-            result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting)
+            result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting,
+                                         label=label)
         self._watch(ws.root, ws.store)
         if source == "capture":
             self._reset_watcher(ws)

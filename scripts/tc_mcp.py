@@ -243,7 +243,7 @@ def call_save(cp, a):
 
 
 def call_capture(cp, a):
-    return cp.capture(a["root"])
+    return cp.capture(a["root"], **present(a, "label"))
 
 
 def call_show(cp, a):
@@ -371,7 +371,11 @@ TOOLS = {
         hints=Hints("Record file changes now", idempotent=True),
         description="Record file changes on disk now, without waiting for the background "
                     "watcher's quiet period.",
-        input=s_obj({"root": ROOT}, ["root"]),
+        input=s_obj({
+            "root": ROOT,
+            "label": s_str("A few words naming this moment, kept on the drift record "
+                           "(e.g. 'before the schema migration').", max_length=200),
+        }, ["root"]),
         output=s_out({
             "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
             "drift_id": NULLABLE_STR, "partial": {"type": "boolean"},
