@@ -7785,6 +7785,43 @@ class Restoring:
 
 # - - - 15.5 Compaction: tc_compress ------------------------------------------
 
+def tree_bytes(directory):
+    """The bytes of every file under directory (their sizes, not the blocks
+    they take); what cannot be read counts as nothing."""
+    total = 0
+    stack = [directory]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
+class CompressPlan(collections.namedtuple(
+        "CompressPlan", "drifts chosen needed unreclaimed eligible already_gone")):
+    """What a compress converts: chosen maps a drift record's key to the
+    content it gives up; needed is the content the records that stay (and
+    the steps, recovered records and indexes) still need; unreclaimed, what
+    records compressed earlier gave up and may still be stored."""
+
+    __slots__ = ()
+
+    def freed(self):
+        """The content the plan deletes."""
+        out = set(self.unreclaimed)
+        for shas in self.chosen.values():
+            out.update(shas)
+        return out - self.needed
+
 class Compaction:
     """tc_compress: which drift content may go, marking its records
     first, then deleting it."""
@@ -7801,34 +7838,98 @@ class Compaction:
                 raise InvalidArgument("%s must be a whole number >= 0, got %r" % (name, value))
         return min(minimum, maximum)
 
-    def compress(self, ws, *, keep_seconds, minimum, maximum):
-        """Reclaim drift content of ws's workspace (under the lock)."""
-        result = {"converted": 0, "eligible": 0, "already_gone": 0, "bytes_freed": 0,
-                  "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum}
-        ws.need_writable()
+    def compress(self, ws, *, keep_seconds, minimum, maximum, dry_run=False):
+        """Reclaim drift content of ws's workspace (under the lock); with
+        dry_run, only say what would go. Either way the result's usage says
+        where the store's space goes (after the compress)."""
+        if not dry_run:
+            ws.need_writable()
         protected = self._protected_content(ws.store)
+        plan = self._plan(ws, protected, keep_seconds, minimum, maximum)
+        result = {"converted": len(plan.chosen), "eligible": plan.eligible,
+                  "already_gone": plan.already_gone, "bytes_freed": 0,
+                  "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum,
+                  "dry_run": bool(dry_run)}
+        payloads = ws.store.payloads
+        if dry_run:
+            freed = plan.freed()
+            orphans = self._unreferenced_content(ws.store, keep_seconds, plan.needed | freed)
+            result["bytes_freed"] = sum(payloads.size(sha) or 0 for sha in freed | set(orphans))
+        else:
+            # Content an earlier compress marked but did not get to delete
+            # (it was stopped between the two) is reclaimed now.
+            freed, result["bytes_freed"] = self._mark_compressed_all(
+                payloads, plan.drifts, plan.chosen, plan.needed, plan.unreclaimed - plan.needed)
+            result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
+            orphans = self._unreferenced_content(ws.store, keep_seconds, plan.needed | freed)
+            result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
+        result["unreferenced"] = len(orphans)
+        result["usage"] = self.usage(ws, protected, minimum, maximum)
+        return result
+
+    def _plan(self, ws, protected, keep_seconds, minimum, maximum):
+        """What a compress with these limits converts, and the content the
+        records that stay still need."""
         drifts, unreclaimed = self._compressible_drifts(ws)
         eligible = self._eligible_copies(drifts, keep_seconds, minimum, maximum)
-        result["eligible"] = len(eligible)
-        payloads = ws.store.payloads
-        chosen = {}
+        chosen, gone = {}, 0
         for drift_key, sha in eligible:
             if sha in protected:
                 continue
-            if not payloads.has(sha):
-                result["already_gone"] += 1
+            if not ws.store.payloads.has(sha):
+                gone += 1
             chosen.setdefault(drift_key, set()).add(sha)
         needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
-        # Content an earlier compress marked but did not get to delete
-        # (it was stopped between the two) is reclaimed now.
-        freed, result["bytes_freed"] = self._mark_compressed_all(
-            payloads, drifts, chosen, needed, unreclaimed - needed)
-        result["converted"] = len(chosen)
-        result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
-        orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
-        result["unreferenced"] = len(orphans)
-        result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
-        return result
+        return CompressPlan(drifts, chosen, needed, unreclaimed, len(eligible), gone)
+
+    def usage(self, ws, protected, minimum, maximum):
+        """Where the store's bytes go: the whole store, its content, each
+        task (its records, and the content they name: shared content counts
+        for each task naming it), the content only drift records hold, and
+        what a compress with keep_seconds 0 (and these limits) would free."""
+        store = ws.store
+        sizes = dict(store.payloads.stored_before(1 << 62))
+        tasks, drift_held = [], set()
+        for task_id in store.task_ids():
+            records = store.task(task_id)
+            if not records.exists():
+                continue
+            named, steps, drifts = self._task_content(records, drift_held)
+            state = records.read_state()
+            tasks.append({"task_id": task_id, "root": state.get("root"),
+                          "status": state.get("status"), "steps": steps, "drifts": drifts,
+                          "record_bytes": tree_bytes(records.directory),
+                          "content_bytes": sum(sizes.get(sha, 0) for sha in named)})
+        plan = self._plan(ws, protected, 0, minimum, maximum)
+        at_zero = plan.freed()
+        at_zero.update(self._unreferenced_content(store, 0, plan.needed | at_zero))
+        return {"total_bytes": tree_bytes(store.directory),
+                "content_bytes": sum(sizes.values()), "content_files": len(sizes),
+                "tasks": tasks,
+                "drift_only_bytes": sum(sizes.get(sha, 0) for sha in drift_held - protected),
+                "freed_at_keep_seconds_0": sum(sizes.get(sha, 0) for sha in at_zero)}
+
+    @staticmethod
+    def _task_content(records, drift_held):
+        """(the shas a task's records name, its step count, its drift record
+        count); drift_held receives the shas of its restorable drift records."""
+        named = set()
+        steps, drifts = records.step_numbers(), records.drift_numbers()
+        for number in steps:
+            named.update(e.sha for e in records.manifests.load(
+                records.read_step(number)["manifest"]).values())
+        for number in drifts:
+            drift = records.read_drift("d%04d" % number)
+            if drift.get("compressed"):
+                continue
+            shas = {e.sha for e in records.manifests.load(drift["manifest"]).values()}
+            named.update(shas)
+            if drift.get("kind") != "recovered":
+                drift_held.update(shas)
+        named.update(row.sha for row in records.read_index()["files"].values())
+        named.discard(None)
+        drift_held.discard(None)
+        return named, len(steps), len(drifts)
 
     def _mark_compressed_all(self, payloads, drifts, chosen, needed, freed):
         """Mark every chosen drift record compressed (chosen: record key ->
@@ -8517,12 +8618,12 @@ class Checkpoints:
             self._watch(ws.root, ws.store)
         return result
 
-    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50):
+    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50, dry_run=False):
         minimum = Compaction.check_limits(keep_seconds, minimum, maximum)
         ws = self.workspaces.resolve(root)
         with ws.store.lock:
             return self.compaction.compress(ws, keep_seconds=keep_seconds, minimum=minimum,
-                                            maximum=maximum)
+                                            maximum=maximum, dry_run=bool(dry_run))
 
     def export(self, root, to, *, history=False):
         to = Exporting.check_destination(to)

@@ -212,6 +212,18 @@ OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimu
                           "keep everything."
                           % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT,
                              RESULT_BUDGET, TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
+USAGE = {"type": "object", "description": "Where the store's bytes go (after this call): "
+         "the whole store, its content, each task (its records' bytes and the content they "
+         "name, shared content counted for each task), the content only drift records hold, "
+         "what keep_seconds 0 would free, and what TC_STORE_BUDGET reclaimed.",
+         "properties": {
+             "total_bytes": {"type": "integer"}, "content_bytes": {"type": "integer"},
+             "content_files": {"type": "integer"}, "drift_only_bytes": {"type": "integer"},
+             "freed_at_keep_seconds_0": {"type": "integer"},
+             "tasks": {"type": "array", "items": {"type": "object"}},
+             "budget": {"type": "object"}},
+         "required": ["total_bytes", "content_bytes", "tasks", "drift_only_bytes",
+                      "freed_at_keep_seconds_0"]}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -268,7 +280,8 @@ def call_import(cp, a):
 
 
 def call_compress(cp, a):
-    return cp.compress(a["root"], **present(a, "keep_seconds", "minimum", "maximum"))
+    return cp.compress(a["root"], **present(a, "keep_seconds", "minimum", "maximum",
+                                            "dry_run"))
 
 
 # ---------------------------------------------------------------------------
@@ -498,10 +511,13 @@ TOOLS = {
                              default=20),
             "maximum": s_int("Never keep more than this many copies of a path.", minimum=0,
                              default=50),
+            "dry_run": s_bool("Only report what would be reclaimed, and where the space "
+                              "goes; delete nothing."),
         }, ["root"]),
-        output=s_out({k: {"type": "integer"} for k in (
+        output=s_out(dict({k: {"type": "integer"} for k in (
             "converted", "eligible", "already_gone", "unreferenced", "bytes_freed",
-            "keep_seconds", "minimum", "maximum")}),
+            "keep_seconds", "minimum", "maximum")}, dry_run={"type": "boolean"}, usage=USAGE),
+            None),
         handler=call_compress,
     ),
 }
