@@ -15,6 +15,7 @@ Store layout (default ``<workspace>/.checkpoints``)::
     writing                    present while a process writes (a crash leaves it)
     clock                      touched to read the file system's clock
     server.log                 log (never stdout)
+    budget.json                what TC_STORE_BUDGET reclaimed, and whether the store fits it
     .gitignore                 "*": git leaves the store alone
     payload/<sha[:2]>/<sha>    content-addressed file copies
     journal/<op>/              in-flight restore/import (rolled back if abandoned)
@@ -97,6 +98,10 @@ __all__ = ["__version__", "Checkpoints", "CheckpointError", "Config", "OS_ERROR_
 # ---------------------------------------------------------------------------
 
 STORE_DIRNAME = ".checkpoints"
+BUDGET_NAME = "budget.json"  # in the store: what TC_STORE_BUDGET reclaimed
+# Drift records of each task that TC_STORE_BUDGET never reclaims: the
+# newest, which a person or an agent is most likely to want back.
+BUDGET_KEEPS_NEWEST = 20
 KEPT_DIRNAME = "kept"  # in the store: undo content of rollbacks whose workspace was gone
 POINTER_NAME = ".task-checkpoint-store.json"
 MAX_CONTENT_BYTES = 100 * 1024 * 1024
@@ -201,6 +206,20 @@ def parse_seconds(value, default, *, minimum=SECONDS_MINIMUM):
     return number
 
 
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+SIZE_TEXT = re.compile(r"\s*([0-9]{1,15})\s*([KMG]?)B?\s*\Z", re.I)
+
+
+def parse_size(value):
+    """TC_STORE_BUDGET as bytes: a whole number, optionally followed by K, M
+    or G (1024, 1024^2, 1024^3); None when it is unset, off, zero or not
+    such a size."""
+    found = SIZE_TEXT.match(str(value)) if value is not None else None
+    if not found:
+        return None
+    return int(found.group(1)) * SIZE_UNITS[found.group(2).upper()] or None
+
+
 def threads_setting(value):
     """TC_WORK_THREADS as a number of threads, 1 to 16; None when it is unset
     or not such a number."""
@@ -213,10 +232,11 @@ def threads_setting(value):
 
 class Config(collections.namedtuple(
         "Config", "store watch watch_interval watch_events drift_max_wait git git_verify "
-                  "sha_reuse full_hash",
-        defaults=(None, True, 15.0, True, 60.0, True, True, False, False))):
+                  "sha_reuse full_hash store_budget",
+        defaults=(None, True, 15.0, True, 60.0, True, True, False, False, None))):
     """Settings read once from the environment and passed down: the store
-    (a path or None), then the switches and seconds that TC_* variables set."""
+    (a path or None), then the switches and seconds that TC_* variables set,
+    and the store's budget in bytes (None: the store never shrinks by itself)."""
 
     __slots__ = ()
 
@@ -229,6 +249,7 @@ class Config(collections.namedtuple(
             values[field] = parse_bool(env.get(name), defaults[field])
         for name, field in ENV_SECONDS:
             values[field] = parse_seconds(env.get(name), defaults[field])
+        values["store_budget"] = parse_size(env.get("TC_STORE_BUDGET"))
         return cls(**values)
 
     @classmethod
@@ -254,6 +275,11 @@ class Config(collections.namedtuple(
         if value and value.strip() and threads_setting(value) is None:
             out.append("TC_WORK_THREADS=%r is not a whole number from 1 to 16; the default "
                        "(half the cores, at most 4) is used" % value)
+        value = env.get("TC_STORE_BUDGET")
+        if (value and value.strip() and value.strip().lower() not in FALSE_WORDS
+                and parse_size(value) is None):
+            out.append("TC_STORE_BUDGET=%r is not a size in bytes above 0 (a whole number, "
+                       "optionally with K, M or G: 500M); no budget is applied" % value)
         return out
 
 
@@ -1361,7 +1387,7 @@ def looks_like_store(path):
 # Every name a store holds at its top level (see the README's storage layout).
 STORE_TOP_NAMES = frozenset({".gitignore", "state.lock", "clock", "current.json", "writing",
                              "exporting", "journal", KEPT_DIRNAME, "server.log", "payload",
-                             "git", "tasks"})
+                             "git", "tasks", BUDGET_NAME})
 
 
 def store_or_empty(path):
@@ -4291,6 +4317,19 @@ class Store:
 
     def write_current(self, active):
         write_record(self.current_path, {"format": 1, "active": active})
+
+    @property
+    def budget_path(self):
+        return os.path.join(self.directory, BUDGET_NAME)
+
+    def budget_note(self):
+        """What the budget passes found and reclaimed (see Compaction.keep_to_budget);
+        {} when none ran, or the note cannot be read (it only reports)."""
+        try:
+            note = read_json_or(self.budget_path, {})
+        except (OSError, StoreCorrupt):
+            return {}
+        return note if type(note) is dict else {}
 
     def named_content(self):
         """Every sha256 named anywhere in the task records or journals (a
@@ -7409,7 +7448,21 @@ class Reporting:
                                                                  else ""))
         if state.get("head"):
             errors.extend(self._missing_content(ws, state))
+        errors.extend(self._over_budget(ws))
         return errors
+
+    def _over_budget(self, ws):
+        """The store's budget cannot be kept: what a budget never reclaims
+        needs more by itself (found by the last budget pass)."""
+        budget = self.recorder.config.store_budget
+        note = ws.store.budget_note() if budget else {}
+        if not note.get("over") or note.get("budget") != budget:
+            return []
+        return ["the store holds %s bytes, over TC_STORE_BUDGET (%d bytes), and its steps, "
+                "recovered records and newest %d drift records of each task need %s by "
+                "themselves, so nothing was reclaimed; raise the budget, or continue in a "
+                "new store" % (note.get("total_bytes"), budget, BUDGET_KEEPS_NEWEST,
+                               note.get("kept_bytes"))]
 
     def _missing_content(self, ws, state):
         try:
@@ -7824,7 +7877,107 @@ class CompressPlan(collections.namedtuple(
 
 class Compaction:
     """tc_compress: which drift content may go, marking its records
-    first, then deleting it."""
+    first, then deleting it; and the budget pass (keep_to_budget), which
+    does the same for the oldest drift records when the store is over
+    TC_STORE_BUDGET."""
+
+    def __init__(self, budget=None, log=None):
+        self.budget = budget
+        self.log = log or (lambda message: None)
+
+    def keep_to_budget(self, ws):
+        """After a record was written (under the lock): when the store is
+        over its budget, reclaim the content only drift records hold, the
+        oldest records first, until it fits. Never a step's content, a
+        recovered record's, or the newest BUDGET_KEEPS_NEWEST drift records
+        of a task; and nothing at all when what those need is over the
+        budget by itself (then tc_resume's health says so). The outcome
+        goes to the store's budget note and the log."""
+        store = ws.store
+        total = tree_bytes(store.directory)
+        note = store.budget_note()
+        if total <= self.budget:
+            if note.get("over"):
+                self._write_note(store, note, total=total, kept=None)
+            return None
+        protected = self._protected_content(store)
+        drifts, holders = self._budget_candidates(store)
+        sizes = dict(store.payloads.stored_before(1 << 62))
+        held = collections.Counter(sha for key in drifts for sha in drifts[key][3])
+        only_theirs = {sha for sha, count in held.items()
+                       if count == holders[sha] and sha not in protected}
+        kept = total - sum(sizes.get(sha, 0) for sha in only_theirs)
+        if kept > self.budget:
+            if not note.get("over") or note.get("budget") != self.budget:
+                self.log("TC_STORE_BUDGET (%d bytes): the store holds %d bytes, and its steps, "
+                         "recovered records and newest drift records alone need %d; nothing "
+                         "was reclaimed" % (self.budget, total, kept))
+            self._write_note(store, note, total=total, kept=kept)
+            return None
+        chosen, freed_bytes = {}, 0
+        for key in sorted(drifts, key=lambda k: drifts[k][1].get("created_ns", 0)):
+            if total - freed_bytes <= self.budget:
+                break
+            shas = drifts[key][3]
+            if shas <= protected:
+                continue  # holds nothing a budget may take: it stays restorable
+            chosen[key] = shas - protected
+            for sha in shas:
+                holders[sha] -= 1
+                if not holders[sha] and sha not in protected:
+                    freed_bytes += sizes.get(sha, 0)
+        needed = protected | {sha for sha, count in holders.items() if count}
+        items = {key: drifts[key][:3] for key in chosen}
+        freed, done_bytes = self._mark_compressed_all(store.payloads, items, chosen, needed,
+                                                      set())
+        done_bytes += sum(store.payloads.delete(sha) for sha in sorted(freed))
+        total = tree_bytes(store.directory)
+        self.log("TC_STORE_BUDGET (%d bytes): reclaimed the content of %d drift record(s) "
+                 "(%s), %d bytes; the store now holds %d bytes"
+                 % (self.budget, len(chosen), ", ".join(
+                     "%s %s" % (task_id, "d%04d" % number) for task_id, number in
+                     sorted(chosen)[:10]) + (" ..." if len(chosen) > 10 else ""),
+                    done_bytes, total))
+        self._write_note(store, note, total=total, kept=None,
+                         reclaimed=(len(chosen), done_bytes))
+        return {"records": len(chosen), "bytes": done_bytes}
+
+    @staticmethod
+    def _budget_candidates(store):
+        """({key: (records, drift, entries, file shas)} of the drift records a
+        budget may reclaim, in every task of the store; {sha: how many
+        restorable drift records hold it})."""
+        out, holders = {}, collections.Counter()
+        for task_id in store.task_ids():
+            records = store.task(task_id)
+            if not records.exists():
+                continue
+            numbers = records.drift_numbers()
+            newest = set(numbers[-BUDGET_KEEPS_NEWEST:])
+            for number in numbers:
+                drift = records.read_drift("d%04d" % number)
+                if drift.get("compressed"):
+                    continue
+                entries = records.manifests.load(drift["manifest"])
+                shas = {e.sha for e in entries.values() if e.kind == KIND_FILE}
+                holders.update(shas)
+                if drift.get("kind") != "recovered" and number not in newest:
+                    out[(task_id, number)] = (records, drift, entries, shas)
+        return out, holders
+
+    def _write_note(self, store, note, *, total, kept, reclaimed=None):
+        """Record a budget pass's outcome in the store's budget note: the
+        budget, the store's size, whether it is over for good (kept: the
+        bytes that may not be reclaimed, or None when it fits), and the
+        records and bytes reclaimed so far."""
+        note = dict(note, format=1, budget=self.budget, checked=now_iso(), total_bytes=total,
+                    over=kept is not None, kept_bytes=kept)
+        if reclaimed:
+            note["reclaimed_records"] = note.get("reclaimed_records", 0) + reclaimed[0]
+            note["reclaimed_bytes"] = note.get("reclaimed_bytes", 0) + reclaimed[1]
+            note["passes"] = note.get("passes", 0) + 1
+            note["last_reclaimed"] = now_iso()
+        write_json(store.budget_path, note)
 
     @staticmethod
     def check_limits(keep_seconds, minimum, maximum):
@@ -7907,7 +8060,17 @@ class Compaction:
                 "content_bytes": sum(sizes.values()), "content_files": len(sizes),
                 "tasks": tasks,
                 "drift_only_bytes": sum(sizes.get(sha, 0) for sha in drift_held - protected),
-                "freed_at_keep_seconds_0": sum(sizes.get(sha, 0) for sha in at_zero)}
+                "freed_at_keep_seconds_0": sum(sizes.get(sha, 0) for sha in at_zero),
+                "budget": self.budget_view(store)}
+
+    def budget_view(self, store):
+        """The budget and what its passes did, as usage shows it."""
+        note = store.budget_note()
+        return {"bytes": self.budget, "over": bool(self.budget and note.get("over")
+                                                   and note.get("budget") == self.budget),
+                "reclaimed_records": note.get("reclaimed_records", 0),
+                "reclaimed_bytes": note.get("reclaimed_bytes", 0),
+                "last_reclaimed": note.get("last_reclaimed")}
 
     @staticmethod
     def _task_content(records, drift_held):
@@ -8536,7 +8699,7 @@ class Checkpoints:
         self.saving = Saving(self.recorder, self.git, self.log)
         self.reporting = Reporting(self.recorder)
         self.restoring = Restoring(self.recorder, self.log)
-        self.compaction = Compaction()
+        self.compaction = Compaction(self.config.store_budget, self.log)
         self.exporting = Exporting(self.reporting)
         self.importing = Importing(self.workspaces, self.recorder, self.log)
         self.watcher = None
@@ -8574,6 +8737,7 @@ class Checkpoints:
                                       verified=list(verified or ()),
                                       open_questions=list(open_questions or ()),
                                       close=bool(close))
+            self._keep_to_budget(ws)
         self._recorded(ws)
         return result
 
@@ -8586,6 +8750,8 @@ class Checkpoints:
         with ws.store.lock:
             result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting,
                                          label=label)
+            if result["captured"]:
+                self._keep_to_budget(ws)
         self._watch(ws.root, ws.store)
         if source == "capture":
             self._reset_watcher(ws)
@@ -8699,6 +8865,18 @@ class Checkpoints:
     def _watch(self, root, store):
         with self._lock:
             self._watched[root] = store.directory
+
+    def _keep_to_budget(self, ws):
+        """The budget pass after a record was written, when TC_STORE_BUDGET
+        is set (so that its cost is paid only then). The record stands
+        whatever happens here: a failure is logged, never the call's."""
+        if not self.config.store_budget:
+            return
+        try:
+            self.compaction.keep_to_budget(ws)
+        except (CheckpointError, OSError) as exc:
+            self.log("TC_STORE_BUDGET: the budget pass did not finish (%s); the next record "
+                     "tries again" % exc)
 
     def _reset_watcher(self, ws):
         if self.watcher:
