@@ -88,9 +88,9 @@ import time
 __version__ = "0.1.0"
 
 # What the adapter (tc_mcp.py) uses; the rest is this module's own.
-__all__ = ["__version__", "Checkpoints", "CheckpointError", "Config", "OS_ERROR_ADVICE",
-           "atomic_write", "cancel_event", "cancellable", "describe_os_error",
-           "traceback_text"]
+__all__ = ["__version__", "Checkpoints", "CheckpointError", "Config", "LABEL_LIMIT",
+           "NotFound", "OS_ERROR_ADVICE", "TaskClosed", "atomic_write", "cancel_event",
+           "cancellable", "describe_os_error", "traceback_text"]
 
 
 # ---------------------------------------------------------------------------
@@ -8802,6 +8802,11 @@ class Checkpoints:
         result, ws = self.importing.import_package(root, package)
         self._watch(ws.root, ws.store)
         return result
+
+    def store_directory(self, root):
+        """Where root's store is (or would be); nothing is read or written
+        but the workspace's store pointer."""
+        return self.workspaces.store_dir_for(validate_root(root))
 
     # -- the watcher --------------------------------------------------------
 
