@@ -1624,6 +1624,8 @@ def main(argv=None):
             print("tc-mcp: an MCP server, waiting for a client on stdin/stdout; "
                   "`tc-mcp --help` lists the commands", file=sys.stderr)
         return run_stdio()
+    if argv[0] == "hook":
+        return run_hook(argv[1:])
     if argv[0] in COMMANDS:
         return run_command(argv)
     argv, odd = split_switch_values(argv)
@@ -1707,6 +1709,7 @@ COMMANDS = {
     "import": "continue a task from a handoff package",
     "usage": "where the store's space goes, and what the budget reclaimed",
     "compress": "reclaim old drift content (--keep-seconds N, --dry-run)",
+    "hook": "for client hooks: `hook session-start`, `hook capture` (see the README)",
 }
 PAGE = 200  # tc_show's largest page: a command reads every page
 UNITS = ("B", "KB", "MB", "GB", "TB")
@@ -2160,6 +2163,120 @@ RUNNERS = {"status": run_status, "log": run_log, "show": run_show, "diff": run_d
            "restore": run_restore, "undo": run_undo, "capture": run_capture,
            "export": run_export, "import": run_import, "usage": run_usage,
            "compress": run_compress}
+
+
+# ---------------------------------------------------------------------------
+# Client hooks: never block or break the session that runs them
+# ---------------------------------------------------------------------------
+
+HOOK_SECONDS = 4.5  # then a hook gives up and exits 0: its client waits for it
+HOOK_INPUT_LIMIT = 16 * 1024 * 1024  # bytes of the event read from stdin
+SHELL_TOOLS = ("bash", "shell")  # the shell tool's name, as Claude Code and Codex send it
+RESUME_HINT = ("task-checkpoint: this workspace has an open task (above). Call tc_resume "
+               "(root %s) before you start, and tc_save after each finished step.")
+
+
+def run_hook(argv):
+    """`tc-mcp hook NAME`, fed the client's event as JSON on stdin. Always
+    exit status 0 (a client takes 2 as "block the tool"), at most one line
+    on stderr, and done within HOOK_SECONDS: past that it exits at once,
+    wherever it is (a restore holding the lock, a huge first snapshot). The
+    store is built to be left at any point, as after a kill."""
+    watchdog = threading.Timer(HOOK_SECONDS, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    name = argv[0] if len(argv) == 1 else None
+    if name not in HOOKS:
+        say_once("tc-mcp hook: expected `hook session-start` or `hook capture`, got %s"
+                 % " ".join(argv))
+        return 0
+    log = Logger(Quiet())
+    try:
+        event, problem = read_event()
+        cp = tc.Checkpoints(tc.Config.from_env(), log=log)
+        cwd = event.get("cwd")
+        start = cwd if isinstance(cwd, str) and os.path.isabs(cwd) and os.path.isdir(cwd) \
+            else os.getcwd()
+        root = enclosing_workspace(cp, start)
+        with contextlib.suppress(tc.CheckpointError, OSError, ValueError):
+            log.store_dirs[:] = [cp.store_directory(root)]
+        HOOKS[name](cp, root, event)
+        if problem:
+            say_once("tc-mcp hook %s: %s" % (name, problem))
+    except (tc.NotFound, tc.TaskClosed):
+        pass  # no open task here: nothing to say and nothing to record
+    except Exception as exc:  # noqa: BLE001 (a hook never fails its session)
+        say_once("tc-mcp hook %s: %s" % (name, failure_text("hook " + name, exc, log)))
+    sys.stdout.flush()
+    return 0
+
+
+def give_up():
+    say_once("tc-mcp hook: stopped after %g s (the store is busy or the workspace is large); "
+             "it recovers at its next use" % HOOK_SECONDS)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(0)
+
+
+def say_once(line):
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(one_line(line) + "\n")
+        sys.stderr.flush()
+
+
+def read_event():
+    """(the event object on stdin, or {}; what was wrong with it, or None).
+    No stdin, a terminal or empty input is no event, and no problem."""
+    try:
+        if sys.stdin is None or os.isatty(sys.stdin.fileno()):
+            return {}, None
+        raw = sys.stdin.buffer.read(HOOK_INPUT_LIMIT + 1)
+    except (OSError, ValueError, AttributeError):
+        return {}, None
+    if not raw.strip():
+        return {}, None
+    try:
+        event = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        event = None
+    if not isinstance(event, dict):
+        return {}, "stdin is not a JSON object; the current directory was used"
+    return event, None
+
+
+def hook_label(event):
+    """The event's name, its tool, and a shell tool's command on one line:
+    "PreToolUse Bash: rm -rf build", at most tc.LABEL_LIMIT characters."""
+    name = event.get("hook_event_name")
+    label = name if isinstance(name, str) and name.strip() else "hook"
+    tool = event.get("tool_name")
+    if isinstance(tool, str) and tool.strip():
+        label += " " + tool
+        tool_input = event.get("tool_input")
+        command = tool_input.get("command") if isinstance(tool_input, dict) else None
+        if isinstance(command, list):
+            command = " ".join(str(part) for part in command)
+        if tool.lower() in SHELL_TOOLS and isinstance(command, str) and command.strip():
+            label += ": " + one_line(command)[:tc.LABEL_LIMIT]
+    return one_line(label)[:tc.LABEL_LIMIT]
+
+
+def hook_session_start(cp, root, event):
+    """The open task's handoff on stdout, which Claude Code and Codex add to
+    the model's context at the start of a session; nothing otherwise."""
+    result = cp.resume(root)
+    if result.get("status") != "open":
+        return
+    sys.stdout.write(result["handoff"].rstrip("\n") + "\n\n" + RESUME_HINT % root + "\n")
+
+
+def hook_capture(cp, root, event):
+    """The workspace's changes as a drift record labelled with the event; prints nothing."""
+    cp.capture(root, label=hook_label(event))
+
+
+HOOKS = {"session-start": hook_session_start, "capture": hook_capture}
 
 
 if __name__ == "__main__":
