@@ -7266,7 +7266,7 @@ class Reporting:
     def _step_view(step, state, files=None):
         view = {k: step.get(k) for k in ("index", "title", "description", "conclusion",
                                          "next", "verified", "open_questions", "created",
-                                         "drift_id")}
+                                         "created_ns", "drift_id")}
         view["head"] = step["index"] == state["head"]
         if files is not None:
             view["files"] = [{"path": p, "size": e.size, "mode": "%o" % e.mode,
@@ -7276,9 +7276,9 @@ class Reporting:
 
     @staticmethod
     def _drift_view(drift):
-        view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
-                                          "added", "modified", "deleted", "head_before",
-                                          "label")}
+        view = {k: drift.get(k) for k in ("id", "kind", "created", "created_ns", "partial",
+                                          "compressed", "added", "modified", "deleted",
+                                          "head_before", "label")}
         view["restorable"] = not drift.get("compressed")
         return view
 

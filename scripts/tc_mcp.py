@@ -1939,13 +1939,9 @@ def drift_row(drift):
 
 def run_log(cp, root, args):
     result = all_pages(cp, root, include_drift=args.drift)
-    # Newest first; records of the same second by number, a step before the
-    # drift record its save wrote.
-    items = [((step.get("created") or "", 1, step["index"]), step_row(step))
-             for step in result["steps"]]
-    items += [((drift.get("created") or "", 0, int(drift["id"][1:])), drift_row(drift))
-              for drift in result["drifts"]]
-    items.sort(key=lambda item: item[0], reverse=True)
+    items = [(step.get("created_ns") or 0, step_row(step)) for step in result["steps"]]
+    items += [(drift.get("created_ns") or 0, drift_row(drift)) for drift in result["drifts"]]
+    items.sort(key=lambda item: item[0], reverse=True)  # newest first
     lines = ["task %s (%s), head step %d" % (result["task_id"], result["status"], result["head"])]
     if not items:
         lines.append("no step saved yet")
@@ -2169,7 +2165,7 @@ RUNNERS = {"status": run_status, "log": run_log, "show": run_show, "diff": run_d
 # Client hooks: never block or break the session that runs them
 # ---------------------------------------------------------------------------
 
-HOOK_SECONDS = 4.5  # then a hook gives up and exits 0: its client waits for it
+HOOK_SECONDS = 4.0  # then a hook gives up and exits 0: its client waits for it
 HOOK_INPUT_LIMIT = 16 * 1024 * 1024  # bytes of the event read from stdin
 SHELL_TOOLS = ("bash", "shell")  # the shell tool's name, as Claude Code and Codex send it
 RESUME_HINT = ("task-checkpoint: this workspace has an open task (above). Call tc_resume "
