@@ -9,6 +9,7 @@ file alone (--no-index --no-deps). When no such interpreter or pip can be
 found the build tests are skipped and the reason says what is missing.
 """
 
+import atexit
 import email.parser
 import json
 import os
@@ -433,11 +434,12 @@ def venv_paths(venv):
     return bindir, os.path.join(bindir, "python" + exe), exe
 
 
-class BuiltDistributionTest(unittest.TestCase):
-    """Build sdist, build the wheel from the unpacked sdist, install, run."""
+class DistributionBuild:
+    """Build sdist, build the wheel from the unpacked sdist, install it into
+    a virtual environment, all in a new temporary folder (cls.tmp)."""
 
     @classmethod
-    def setUpClass(cls):
+    def prepare(cls):
         build_python, reason = find_build_python()
         if build_python is None:
             raise unittest.SkipTest(reason)
@@ -449,10 +451,6 @@ class BuiltDistributionTest(unittest.TestCase):
         except BaseException:
             shutil.rmtree(cls._tmp, ignore_errors=True)
             raise
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls._tmp, ignore_errors=True)
 
     @classmethod
     def call_hook(cls, build_python, hook, source, outdir):
@@ -510,6 +508,18 @@ class BuiltDistributionTest(unittest.TestCase):
         if proc.returncode != 0:
             raise AssertionError("pip install of the wheel failed:\n%s\n%s"
                                  % (proc.stdout[-4000:], proc.stderr[-4000:]))
+
+
+class BuiltDistributionTest(DistributionBuild, unittest.TestCase):
+    """The built distribution: what it holds, and what it installs runs."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.prepare()
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls._tmp, ignore_errors=True)
 
     def command(self, name):
         bindir, _, exe = venv_paths(self.venv)
@@ -673,6 +683,30 @@ class BuiltDistributionTest(unittest.TestCase):
         with open(skill_file, "rb") as fh:
             self.assertEqual(normalize_newlines(fh.read()), normalize_newlines(read_bytes("SKILL.md")))
         self.assertEqual(os.listdir(target), ["SKILL.md"])
+
+
+class SharedInstall(DistributionBuild):
+    """One installed copy for the tests of the installed commands (the
+    command line, the hooks), built at most once per test process."""
+
+    bindir = None
+    skip_reason = None
+
+    @classmethod
+    def command(cls, name):
+        """The path of the installed command name; SkipTest where nothing
+        can be built or installed here."""
+        if cls.skip_reason:
+            raise unittest.SkipTest(cls.skip_reason)
+        if cls.bindir is None:
+            try:
+                cls.prepare()
+            except unittest.SkipTest as exc:
+                cls.skip_reason = str(exc)
+                raise
+            atexit.register(shutil.rmtree, cls._tmp, True)
+            cls.bindir = venv_paths(cls.venv)[0]
+        return os.path.join(cls.bindir, name + venv_paths(cls.venv)[2])
 
 
 if __name__ == "__main__":
