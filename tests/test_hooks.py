@@ -222,6 +222,27 @@ class CaptureTest(HookTest):
         self.assertIn("Task: hooked task", out)
 
 
+class ReadmeSnippetTest(unittest.TestCase):
+    def test_the_readme_snippet_names_these_hooks(self):
+        with open(os.path.join(support.REPO, "README.md"), encoding="utf-8") as fh:
+            text = fh.read()
+        section = text[text.index("### Client hooks"):]
+        snippet = json.loads(section[section.index("```json") + 7:section.index("```\n", 8)])
+        hooks = snippet["hooks"]
+        self.assertEqual(set(hooks), {"SessionStart", "PreToolUse", "PreCompact", "Stop"})
+        self.assertEqual([group.get("matcher") for group in hooks["PreToolUse"]], ["Bash"])
+        for event, groups in hooks.items():
+            for group in groups:
+                for hook in group["hooks"]:
+                    self.assertEqual(hook["type"], "command")
+                    program, word, name = hook["command"].split()
+                    self.assertEqual((program, word), ("tc-mcp", "hook"))
+                    self.assertEqual(name, "session-start" if event == "SessionStart"
+                                     else "capture")
+                    self.assertIn(name, tc_mcp.HOOKS)
+                    self.assertGreater(hook["timeout"], tc_mcp.HOOK_SECONDS)
+
+
 class NothingWrittenOutsideTest(HookTest):
     def test_hooks_write_only_the_workspace_and_store(self):
         for folder in ("home", "tmp", "beside"):
