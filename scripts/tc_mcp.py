@@ -1795,6 +1795,8 @@ def run_command(argv):
     except UsageError as exc:
         print("tc-mcp %s: %s" % (args.command, exc), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what was under way stops as after a kill: the store recovers
+        return 130
     except Exception as exc:  # noqa: BLE001 (every failure is one line, never a traceback)
         print("tc-mcp %s: %s" % (args.command, failure_text(args.command, exc, log)),
               file=sys.stderr)
@@ -1802,7 +1804,11 @@ def run_command(argv):
     if args.json:
         text = json.dumps(result, ensure_ascii=False, indent=2)
     if text:
-        sys.stdout.write(text.rstrip("\n") + "\n")
+        try:
+            sys.stdout.write(text.rstrip("\n") + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `tc-mcp log | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
@@ -2020,7 +2026,8 @@ def run_diff(cp, root, args):
     else:
         raise UsageError("diff N M compares neighbouring steps (M is N-1 or N+1); "
                          "`tc-mcp diff N` compares step N with the workspace")
-    entries = result.get("diff") if args.other is None else result["steps"][0].get("diff")
+    entries = result.get("diff") if args.other is None else (
+        result["steps"][0].get("diff") or result.get("diff"))
     return result, header + "\n" + diff_text(entries or [], args.stat)
 
 
