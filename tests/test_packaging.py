@@ -511,15 +511,14 @@ class DistributionBuild:
 
 
 class BuiltDistributionTest(DistributionBuild, unittest.TestCase):
-    """The built distribution: what it holds, and what it installs runs."""
+    """The built distribution: what it holds, and what it installs runs (the
+    build the tests of the installed commands use too)."""
 
     @classmethod
     def setUpClass(cls):
-        cls.prepare()
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls._tmp, ignore_errors=True)
+        shared = SharedInstall.ready()
+        for name in ("tmp", "venv", "sdist", "sdist_names", "sdist_root", "wheel"):
+            setattr(cls, name, getattr(shared, name))
 
     def command(self, name):
         bindir, _, exe = venv_paths(self.venv)
@@ -689,24 +688,30 @@ class SharedInstall(DistributionBuild):
     """One installed copy for the tests of the installed commands (the
     command line, the hooks), built at most once per test process."""
 
-    bindir = None
+    built = False
     skip_reason = None
 
     @classmethod
-    def command(cls, name):
-        """The path of the installed command name; SkipTest where nothing
-        can be built or installed here."""
+    def ready(cls):
+        """The class, built and installed (removed when the process exits);
+        SkipTest where nothing can be built or installed here."""
         if cls.skip_reason:
             raise unittest.SkipTest(cls.skip_reason)
-        if cls.bindir is None:
+        if not cls.built:
             try:
                 cls.prepare()
             except unittest.SkipTest as exc:
                 cls.skip_reason = str(exc)
                 raise
             atexit.register(shutil.rmtree, cls._tmp, True)
-            cls.bindir = venv_paths(cls.venv)[0]
-        return os.path.join(cls.bindir, name + venv_paths(cls.venv)[2])
+            cls.built = True
+        return cls
+
+    @classmethod
+    def command(cls, name):
+        """The path of the installed command name."""
+        bindir, _, exe = venv_paths(cls.ready().venv)
+        return os.path.join(bindir, name + exe)
 
 
 if __name__ == "__main__":
