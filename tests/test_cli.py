@@ -253,6 +253,15 @@ class StoreInUseTest(CommandTest):
         self.assertIn("task %s is active in %s" % (self.task_id, other), text)
         self.assertEqual(read(other, "notes.txt"), b"v3\n")
         self.assertEqual(self.ok_json("log", root=other)["head"], 3)
+        out2 = os.path.join(self.tmp, "out2")
+        os.makedirs(out2)
+        exported = self.ok_json("export", out2, root=other)
+        self.assertEqual(exported["path"], os.path.join(out2, self.task_id + "-handoff"))
+        self.assertIn("notes.txt", exported["files"])
+        third = os.path.join(self.tmp, "third")
+        os.makedirs(third)
+        imported = self.ok_json("import", exported["path"], root=third)
+        self.assertEqual((imported["task_id"], imported["recovered"]), (self.task_id, None))
 
     def test_exit_status_and_one_line_errors(self):
         self.assertIn("99", self.fails(1, "show", "99"))
