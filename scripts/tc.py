@@ -15,6 +15,7 @@ Store layout (default ``<workspace>/.checkpoints``)::
     writing                    present while a process writes (a crash leaves it)
     clock                      touched to read the file system's clock
     server.log                 log (never stdout)
+    budget.json                what TC_STORE_BUDGET reclaimed, and whether the store fits it
     .gitignore                 "*": git leaves the store alone
     payload/<sha[:2]>/<sha>    content-addressed file copies
     journal/<op>/              in-flight restore/import (rolled back if abandoned)
@@ -88,8 +89,8 @@ __version__ = "0.1.0"
 
 # What the adapter (tc_mcp.py) uses; the rest is this module's own.
 __all__ = ["__version__", "AGENT_LIMIT", "Checkpoints", "CheckpointError", "Config",
-           "OS_ERROR_ADVICE", "atomic_write", "cancel_event", "cancellable", "describe_os_error",
-           "traceback_text"]
+           "LABEL_LIMIT", "NotFound", "OS_ERROR_ADVICE", "TaskClosed", "atomic_write",
+           "cancel_event", "cancellable", "describe_os_error", "traceback_text"]
 
 
 # ---------------------------------------------------------------------------
@@ -97,6 +98,13 @@ __all__ = ["__version__", "AGENT_LIMIT", "Checkpoints", "CheckpointError", "Conf
 # ---------------------------------------------------------------------------
 
 STORE_DIRNAME = ".checkpoints"
+BUDGET_NAME = "budget.json"  # in the store: what TC_STORE_BUDGET reclaimed
+# Drift records of each task that TC_STORE_BUDGET never reclaims: the
+# newest, which a person or an agent is most likely to want back.
+BUDGET_KEEPS_NEWEST = 20
+# Room a budget pass leaves below the budget for what it writes itself after
+# measuring the store: its note and its line in server.log.
+BUDGET_MARGIN = 4096
 KEPT_DIRNAME = "kept"  # in the store: undo content of rollbacks whose workspace was gone
 POINTER_NAME = ".task-checkpoint-store.json"
 MAX_CONTENT_BYTES = 100 * 1024 * 1024
@@ -167,6 +175,7 @@ NEW_TASK_ID = re.compile(r"^(?!.*\.\.)(?!.*\.lock\Z)(?!.*\.\Z)")
 MAX_STEP = 999_999_999
 READ_TRIES = 3  # reads of a file that keeps changing while a snapshot reads it
 DRIFT_ID = re.compile(r"^d[0-9]{4,9}\Z")
+LABEL_LIMIT = 200  # characters of a drift record's label (tc_capture's, a hook's)
 
 
 def parse_bool(value, default):
@@ -200,6 +209,20 @@ def parse_seconds(value, default, *, minimum=SECONDS_MINIMUM):
     return number
 
 
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+SIZE_TEXT = re.compile(r"\s*([0-9]{1,15})\s*([KMG]?)B?\s*\Z", re.I)
+
+
+def parse_size(value):
+    """TC_STORE_BUDGET as bytes: a whole number, optionally followed by K, M
+    or G (1024, 1024^2, 1024^3); None when it is unset, off, zero or not
+    such a size."""
+    found = SIZE_TEXT.match(str(value)) if value is not None else None
+    if not found:
+        return None
+    return int(found.group(1)) * SIZE_UNITS[found.group(2).upper()] or None
+
+
 def threads_setting(value):
     """TC_WORK_THREADS as a number of threads, 1 to 16; None when it is unset
     or not such a number."""
@@ -212,10 +235,11 @@ def threads_setting(value):
 
 class Config(collections.namedtuple(
         "Config", "store watch watch_interval watch_events drift_max_wait git git_verify "
-                  "sha_reuse full_hash",
-        defaults=(None, True, 15.0, True, 60.0, True, True, False, False))):
+                  "sha_reuse full_hash store_budget",
+        defaults=(None, True, 15.0, True, 60.0, True, True, False, False, None))):
     """Settings read once from the environment and passed down: the store
-    (a path or None), then the switches and seconds that TC_* variables set."""
+    (a path or None), then the switches and seconds that TC_* variables set,
+    and the store's budget in bytes (None: the store never shrinks by itself)."""
 
     __slots__ = ()
 
@@ -228,6 +252,7 @@ class Config(collections.namedtuple(
             values[field] = parse_bool(env.get(name), defaults[field])
         for name, field in ENV_SECONDS:
             values[field] = parse_seconds(env.get(name), defaults[field])
+        values["store_budget"] = parse_size(env.get("TC_STORE_BUDGET"))
         return cls(**values)
 
     @classmethod
@@ -253,6 +278,11 @@ class Config(collections.namedtuple(
         if value and value.strip() and threads_setting(value) is None:
             out.append("TC_WORK_THREADS=%r is not a whole number from 1 to 16; the default "
                        "(half the cores, at most 4) is used" % value)
+        value = env.get("TC_STORE_BUDGET")
+        if (value and value.strip() and value.strip().lower() not in FALSE_WORDS
+                and parse_size(value) is None):
+            out.append("TC_STORE_BUDGET=%r is not a size in bytes above 0 (a whole number, "
+                       "optionally with K, M or G: 500M); no budget is applied" % value)
         return out
 
 
@@ -1373,7 +1403,7 @@ def looks_like_store(path):
 # Every name a store holds at its top level (see the README's storage layout).
 STORE_TOP_NAMES = frozenset({".gitignore", "state.lock", "clock", "current.json", "writing",
                              "exporting", "journal", KEPT_DIRNAME, "server.log", "payload",
-                             "git", "tasks"})
+                             "git", "tasks", BUDGET_NAME})
 
 
 def store_or_empty(path):
@@ -3087,7 +3117,7 @@ DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
                 "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
                 "reason": lambda v: v is None or _text(v), "created": _text,
-                "unseen": _texts, "agent": agent_ok})
+                "unseen": _texts, "agent": agent_ok, "label": _text})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
                    "files": lambda v: (type(v) is dict and rel_paths_ok(v)
@@ -3226,14 +3256,19 @@ def make_step(*, index, title, description, conclusion, next_step, verified,
 
 
 def make_drift(*, number, kind, manifest, added, modified, deleted, partial=False,
-               head_before=None, reason=None, unseen=(), agent=None):
-    return with_agent(with_unseen({
+               head_before=None, reason=None, unseen=(), agent=None, label=None):
+    """A drift record; label (a capture's own words, e.g. the command a hook
+    saw about to run) is stored only when given."""
+    drift = with_agent(with_unseen({
         "id": "d%04d" % number, "kind": kind, "manifest": manifest,
         "added": added, "modified": modified, "deleted": deleted,
         "partial": partial, "compressed": False, "unrestorable": [],
         "head_before": head_before, "reason": reason,
         "created": now_iso(), "created_ns": time.time_ns(),
     }, unseen), agent)
+    if label:
+        drift["label"] = label
+    return drift
 
 
 def with_agent(record, agent):
@@ -4459,6 +4494,19 @@ class Store:
 
     def write_current(self, active):
         write_record(self.current_path, {"format": 1, "active": active})
+
+    @property
+    def budget_path(self):
+        return os.path.join(self.directory, BUDGET_NAME)
+
+    def budget_note(self):
+        """What the budget passes found and reclaimed (see Compaction.keep_to_budget);
+        {} when none ran, or the note cannot be read (it only reports)."""
+        try:
+            note = read_json_or(self.budget_path, {})
+        except (OSError, StoreCorrupt):
+            return {}
+        return note if type(note) is dict else {}
 
     def named_content(self):
         """Every sha256 named anywhere in the task records or journals (a
@@ -7008,7 +7056,7 @@ class Recorder:
 
     def record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
                       head_before=None, reason=None, lists=None, later=None, unseen=(),
-                      agent=None):
+                      agent=None, label=None):
         """Write a manifest and a drift record for entries; returns the record.
 
         lists (added, modified, deleted) overrides the diff against old_entries.
@@ -7019,7 +7067,8 @@ class Recorder:
         drift_no = state["last_drift"] + 1
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
-                           head_before=head_before, reason=reason, unseen=unseen, agent=agent)
+                           head_before=head_before, reason=reason, unseen=unseen, agent=agent,
+                           label=label)
         write_record(ws.records.drift_path(drift_no), drift, later)
         state["last_drift"] = drift_no
         return drift
@@ -7045,7 +7094,8 @@ class Recorder:
         return [{"path": rel, "reason": LEFT_OUT_REASONS.get(now[rel]) or policy.left_out_reason(
                      rel, folder=now[rel] == "folder")} for rel in new]
 
-    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False, agent=None):
+    def commit_snapshot(self, ws, state, snap, old_index, *, kind, partial=False, agent=None,
+                        label=None):
         """The drift pipeline: when snap differs from the index's entries,
         its manifest and drift record, then the state that points at them,
         flushed together with the content they name; then the index. The
@@ -7059,7 +7109,7 @@ class Recorder:
             try:
                 drift = self.record_drift(ws, state, snap.entries, old_entries, kind=kind,
                                           partial=partial, later=later, unseen=snap.unseen,
-                                          agent=agent)
+                                          agent=agent, label=label)
                 state["index_manifest"] = drift["manifest"]
                 ws.records.write_state_with(
                     state, lambda staged: ws.store.payloads.flush_with(later + staged))
@@ -7531,7 +7581,14 @@ class Saving:
             self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))
 
-    def capture(self, ws, *, source, partial, waiting, agent=None):
+    @staticmethod
+    def check_label(label):
+        """Refuse a capture label that is not a short text, before anything is resolved."""
+        if label is not None and (not isinstance(label, str) or len(label) > LABEL_LIMIT):
+            raise InvalidArgument("label must be a text of at most %d characters"
+                                  % LABEL_LIMIT)
+
+    def capture(self, ws, *, source, partial, waiting, agent=None, label=None):
         """Record what changed since the last record as a drift record (under the lock)."""
         ws.follow_active()
         ws.need_writable()
@@ -7541,7 +7598,8 @@ class Saving:
         old_index = ws.records.read_index()
         snap = self.recorder.snapshot(ws, store_content=True)
         drift = self.recorder.commit_snapshot(ws, state, snap, old_index, kind=source,
-                                              partial=partial or waiting, agent=agent)
+                                              partial=partial or waiting, agent=agent,
+                                              label=label.strip() if label else None)
         return {"captured": drift is not None, "waiting": waiting,
                 "drift_id": drift["id"] if drift else None,
                 "partial": bool(drift and drift["partial"]), "reads": snap.reads,
@@ -7683,7 +7741,7 @@ class Reporting:
     def _step_view(step, state, files=None):
         view = {k: step.get(k) for k in ("index", "title", "description", "conclusion",
                                          "next", "verified", "open_questions", "created",
-                                         "drift_id")}
+                                         "created_ns", "drift_id")}
         view["head"] = step["index"] == state["head"]
         with_agent(view, step.get("agent"))
         if files is not None:
@@ -7694,8 +7752,9 @@ class Reporting:
 
     @staticmethod
     def _drift_view(drift):
-        view = {k: drift.get(k) for k in ("id", "kind", "created", "partial", "compressed",
-                                          "added", "modified", "deleted", "head_before")}
+        view = {k: drift.get(k) for k in ("id", "kind", "created", "created_ns", "partial",
+                                          "compressed", "added", "modified", "deleted",
+                                          "head_before", "label")}
         view["restorable"] = not drift.get("compressed")
         return with_agent(view, drift.get("agent"))
 
@@ -7881,7 +7940,21 @@ class Reporting:
                                                                  else ""))
         if state.get("head"):
             errors.extend(self._missing_content(ws, state))
+        errors.extend(self._over_budget(ws))
         return errors
+
+    def _over_budget(self, ws):
+        """The store's budget cannot be kept: what a budget never reclaims
+        needs more by itself (found by the last budget pass)."""
+        budget = self.recorder.config.store_budget
+        note = ws.store.budget_note() if budget else {}
+        if not note.get("over") or note.get("budget") != budget:
+            return []
+        return ["the store holds %s bytes, over TC_STORE_BUDGET (%d bytes), and its steps, "
+                "recovered records and newest %d drift records of each task need %s by "
+                "themselves, so nothing was reclaimed; raise the budget, or continue in a "
+                "new store" % (note.get("total_bytes"), budget, BUDGET_KEEPS_NEWEST,
+                               note.get("kept_bytes"))]
 
     def _missing_content(self, ws, state):
         try:
@@ -8261,9 +8334,146 @@ class Restoring:
 
 # - - - 15.5 Compaction: tc_compress ------------------------------------------
 
+def tree_bytes(directory):
+    """The bytes of every file under directory (their sizes, not the blocks
+    they take); what cannot be read counts as nothing."""
+    total = 0
+    stack = [directory]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
+class CompressPlan(collections.namedtuple(
+        "CompressPlan", "drifts chosen needed unreclaimed eligible already_gone")):
+    """What a compress converts: chosen maps a drift record's key to the
+    content it gives up; needed is the content the records that stay (and
+    the steps, recovered records and indexes) still need; unreclaimed, what
+    records compressed earlier gave up and may still be stored."""
+
+    __slots__ = ()
+
+    def freed(self):
+        """The content the plan deletes."""
+        out = set(self.unreclaimed)
+        for shas in self.chosen.values():
+            out.update(shas)
+        return out - self.needed
+
 class Compaction:
     """tc_compress: which drift content may go, marking its records
-    first, then deleting it."""
+    first, then deleting it; and the budget pass (keep_to_budget), which
+    does the same for the oldest drift records when the store is over
+    TC_STORE_BUDGET."""
+
+    def __init__(self, budget=None, log=None):
+        self.budget = budget
+        self.log = log or (lambda message: None)
+
+    def keep_to_budget(self, ws):
+        """After a record was written (under the lock): when the store is
+        over its budget, reclaim the content only drift records hold, the
+        oldest records first, until it fits. Never a step's content, a
+        recovered record's, or the newest BUDGET_KEEPS_NEWEST drift records
+        of a task; and nothing at all when what those need is over the
+        budget by itself (then tc_resume's health says so). The outcome
+        goes to the store's budget note and the log."""
+        store = ws.store
+        total = tree_bytes(store.directory)
+        note = store.budget_note()
+        if total <= self.budget:
+            if note.get("over"):
+                self._write_note(store, note, total=total, kept=None)
+            return None
+        protected = self._protected_content(store)
+        drifts, holders = self._budget_candidates(store)
+        sizes = dict(store.payloads.stored_before(1 << 62))
+        held = collections.Counter(sha for key in drifts for sha in drifts[key][3])
+        only_theirs = {sha for sha, count in held.items()
+                       if count == holders[sha] and sha not in protected}
+        kept = total - sum(sizes.get(sha, 0) for sha in only_theirs)
+        if kept > self.budget:
+            if not note.get("over") or note.get("budget") != self.budget:
+                self.log("TC_STORE_BUDGET (%d bytes): the store holds %d bytes, and its steps, "
+                         "recovered records and newest drift records alone need %d; nothing "
+                         "was reclaimed" % (self.budget, total, kept))
+            self._write_note(store, note, total=total, kept=kept)
+            return None
+        chosen, freed_bytes = {}, 0
+        for key in sorted(drifts, key=lambda k: drifts[k][1].get("created_ns", 0)):
+            if total - freed_bytes + BUDGET_MARGIN <= self.budget:
+                break
+            shas = drifts[key][3]
+            if shas <= protected:
+                continue  # holds nothing a budget may take: it stays restorable
+            chosen[key] = shas - protected
+            for sha in shas:
+                holders[sha] -= 1
+                if not holders[sha] and sha not in protected:
+                    freed_bytes += sizes.get(sha, 0)
+        needed = protected | {sha for sha, count in holders.items() if count}
+        items = {key: drifts[key][:3] for key in chosen}
+        freed, done_bytes = self._mark_compressed_all(store.payloads, items, chosen, needed,
+                                                      set())
+        done_bytes += sum(store.payloads.delete(sha) for sha in sorted(freed))
+        total = tree_bytes(store.directory)
+        self.log("TC_STORE_BUDGET (%d bytes): reclaimed the content of %d drift record(s) "
+                 "(%s), %d bytes; the store now holds %d bytes"
+                 % (self.budget, len(chosen), ", ".join(
+                     "%s %s" % (task_id, "d%04d" % number) for task_id, number in
+                     sorted(chosen)[:10]) + (" ..." if len(chosen) > 10 else ""),
+                    done_bytes, total))
+        self._write_note(store, note, total=total, kept=None,
+                         reclaimed=(len(chosen), done_bytes))
+        return {"records": len(chosen), "bytes": done_bytes}
+
+    @staticmethod
+    def _budget_candidates(store):
+        """({key: (records, drift, entries, file shas)} of the drift records a
+        budget may reclaim, in every task of the store; {sha: how many
+        restorable drift records hold it})."""
+        out, holders = {}, collections.Counter()
+        for task_id in store.task_ids():
+            records = store.task(task_id)
+            if not records.exists():
+                continue
+            numbers = records.drift_numbers()
+            newest = set(numbers[-BUDGET_KEEPS_NEWEST:])
+            for number in numbers:
+                drift = records.read_drift("d%04d" % number)
+                if drift.get("compressed"):
+                    continue
+                entries = records.manifests.load(drift["manifest"])
+                shas = {e.sha for e in entries.values() if e.kind == KIND_FILE}
+                holders.update(shas)
+                if drift.get("kind") != "recovered" and number not in newest:
+                    out[(task_id, number)] = (records, drift, entries, shas)
+        return out, holders
+
+    def _write_note(self, store, note, *, total, kept, reclaimed=None):
+        """Record a budget pass's outcome in the store's budget note: the
+        budget, the store's size, whether it is over for good (kept: the
+        bytes that may not be reclaimed, or None when it fits), and the
+        records and bytes reclaimed so far."""
+        note = dict(note, format=1, budget=self.budget, checked=now_iso(), total_bytes=total,
+                    over=kept is not None, kept_bytes=kept)
+        if reclaimed:
+            note["reclaimed_records"] = note.get("reclaimed_records", 0) + reclaimed[0]
+            note["reclaimed_bytes"] = note.get("reclaimed_bytes", 0) + reclaimed[1]
+            note["passes"] = note.get("passes", 0) + 1
+            note["last_reclaimed"] = now_iso()
+        write_json(store.budget_path, note)
 
     @staticmethod
     def check_limits(keep_seconds, minimum, maximum):
@@ -8277,34 +8487,108 @@ class Compaction:
                 raise InvalidArgument("%s must be a whole number >= 0, got %r" % (name, value))
         return min(minimum, maximum)
 
-    def compress(self, ws, *, keep_seconds, minimum, maximum):
-        """Reclaim drift content of ws's workspace (under the lock)."""
-        result = {"converted": 0, "eligible": 0, "already_gone": 0, "bytes_freed": 0,
-                  "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum}
-        ws.need_writable()
+    def compress(self, ws, *, keep_seconds, minimum, maximum, dry_run=False):
+        """Reclaim drift content of ws's workspace (under the lock); with
+        dry_run, only say what would go. Either way the result's usage says
+        where the store's space goes (after the compress)."""
+        if not dry_run:
+            ws.need_writable()
         protected = self._protected_content(ws.store)
+        plan = self._plan(ws, protected, keep_seconds, minimum, maximum)
+        result = {"converted": len(plan.chosen), "eligible": plan.eligible,
+                  "already_gone": plan.already_gone, "bytes_freed": 0,
+                  "keep_seconds": keep_seconds, "minimum": minimum, "maximum": maximum,
+                  "dry_run": bool(dry_run)}
+        payloads = ws.store.payloads
+        if dry_run:
+            freed = plan.freed()
+            orphans = self._unreferenced_content(ws.store, keep_seconds, plan.needed | freed)
+            result["bytes_freed"] = sum(payloads.size(sha) or 0 for sha in freed | set(orphans))
+        else:
+            # Content an earlier compress marked but did not get to delete
+            # (it was stopped between the two) is reclaimed now.
+            freed, result["bytes_freed"] = self._mark_compressed_all(
+                payloads, plan.drifts, plan.chosen, plan.needed, plan.unreclaimed - plan.needed)
+            result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
+            orphans = self._unreferenced_content(ws.store, keep_seconds, plan.needed | freed)
+            result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
+        result["unreferenced"] = len(orphans)
+        result["usage"] = self.usage(ws, protected, minimum, maximum)
+        return result
+
+    def _plan(self, ws, protected, keep_seconds, minimum, maximum):
+        """What a compress with these limits converts, and the content the
+        records that stay still need."""
         drifts, unreclaimed = self._compressible_drifts(ws)
         eligible = self._eligible_copies(drifts, keep_seconds, minimum, maximum)
-        result["eligible"] = len(eligible)
-        payloads = ws.store.payloads
-        chosen = {}
+        chosen, gone = {}, 0
         for drift_key, sha in eligible:
             if sha in protected:
                 continue
-            if not payloads.has(sha):
-                result["already_gone"] += 1
+            if not ws.store.payloads.has(sha):
+                gone += 1
             chosen.setdefault(drift_key, set()).add(sha)
         needed = set(protected) | self._content_of_other_drifts(ws.store, drifts, chosen)
-        # Content an earlier compress marked but did not get to delete
-        # (it was stopped between the two) is reclaimed now.
-        freed, result["bytes_freed"] = self._mark_compressed_all(
-            payloads, drifts, chosen, needed, unreclaimed - needed)
-        result["converted"] = len(chosen)
-        result["bytes_freed"] += sum(payloads.delete(sha) for sha in sorted(freed))
-        orphans = self._unreferenced_content(ws.store, keep_seconds, needed | freed)
-        result["unreferenced"] = len(orphans)
-        result["bytes_freed"] += sum(payloads.delete(sha) for sha in orphans)
-        return result
+        return CompressPlan(drifts, chosen, needed, unreclaimed, len(eligible), gone)
+
+    def usage(self, ws, protected, minimum, maximum):
+        """Where the store's bytes go: the whole store, its content, each
+        task (its records, and the content they name: shared content counts
+        for each task naming it), the content only drift records hold, and
+        what a compress with keep_seconds 0 (and these limits) would free."""
+        store = ws.store
+        sizes = dict(store.payloads.stored_before(1 << 62))
+        tasks, drift_held = [], set()
+        for task_id in store.task_ids():
+            records = store.task(task_id)
+            if not records.exists():
+                continue
+            named, steps, drifts = self._task_content(records, drift_held)
+            state = records.read_state()
+            tasks.append({"task_id": task_id, "root": state.get("root"),
+                          "status": state.get("status"), "steps": steps, "drifts": drifts,
+                          "record_bytes": tree_bytes(records.directory),
+                          "content_bytes": sum(sizes.get(sha, 0) for sha in named)})
+        plan = self._plan(ws, protected, 0, minimum, maximum)
+        at_zero = plan.freed()
+        at_zero.update(self._unreferenced_content(store, 0, plan.needed | at_zero))
+        return {"total_bytes": tree_bytes(store.directory),
+                "content_bytes": sum(sizes.values()), "content_files": len(sizes),
+                "tasks": tasks,
+                "drift_only_bytes": sum(sizes.get(sha, 0) for sha in drift_held - protected),
+                "freed_at_keep_seconds_0": sum(sizes.get(sha, 0) for sha in at_zero),
+                "budget": self.budget_view(store)}
+
+    def budget_view(self, store):
+        """The budget and what its passes did, as usage shows it."""
+        note = store.budget_note()
+        return {"bytes": self.budget, "over": bool(self.budget and note.get("over")
+                                                   and note.get("budget") == self.budget),
+                "reclaimed_records": note.get("reclaimed_records", 0),
+                "reclaimed_bytes": note.get("reclaimed_bytes", 0),
+                "last_reclaimed": note.get("last_reclaimed")}
+
+    @staticmethod
+    def _task_content(records, drift_held):
+        """(the shas a task's records name, its step count, its drift record
+        count); drift_held receives the shas of its restorable drift records."""
+        named = set()
+        steps, drifts = records.step_numbers(), records.drift_numbers()
+        for number in steps:
+            named.update(e.sha for e in records.manifests.load(
+                records.read_step(number)["manifest"]).values())
+        for number in drifts:
+            drift = records.read_drift("d%04d" % number)
+            if drift.get("compressed"):
+                continue
+            shas = {e.sha for e in records.manifests.load(drift["manifest"]).values()}
+            named.update(shas)
+            if drift.get("kind") != "recovered":
+                drift_held.update(shas)
+        named.update(row.sha for row in records.read_index()["files"].values())
+        named.discard(None)
+        drift_held.discard(None)
+        return named, len(steps), len(drifts)
 
     def _mark_compressed_all(self, payloads, drifts, chosen, needed, freed):
         """Mark every chosen drift record compressed (chosen: record key ->
@@ -8934,7 +9218,7 @@ class Checkpoints:
         self.saving = Saving(self.recorder, self.git, self.log)
         self.reporting = Reporting(self.recorder)
         self.restoring = Restoring(self.recorder, self.log)
-        self.compaction = Compaction()
+        self.compaction = Compaction(self.config.store_budget, self.log)
         self.exporting = Exporting(self.reporting)
         self.importing = Importing(self.workspaces, self.recorder, self.log)
         self.watcher = None
@@ -8976,18 +9260,22 @@ class Checkpoints:
                                       open_questions=list(open_questions or ()),
                                       close=bool(close), expected_head=expected_head,
                                       agent=agent)
+            self._keep_to_budget(ws)
         self._recorded(ws)
         return noted(ws, result)
 
-    def capture(self, root, *, source="capture", partial=False, agent=None):
+    def capture(self, root, *, source="capture", partial=False, agent=None, label=None):
         agent = validate_agent(agent)
+        Saving.check_label(label)
         ws = self.workspaces.resolve(root)
         # A watcher capture comes after its own quiet period (or is partial by
         # its own decision); a tool call captures what the watcher still waits on.
         waiting = bool(source != "watch" and self.watcher and self.watcher.is_waiting(ws.root))
         with ws.store.lock:
             result = self.saving.capture(ws, source=source, partial=partial, waiting=waiting,
-                                         agent=agent)
+                                         agent=agent, label=label)
+            if result["captured"]:
+                self._keep_to_budget(ws)
         self._watch(ws.root, ws.store)
         if source == "capture":
             self._reset_watcher(ws)
@@ -9023,12 +9311,12 @@ class Checkpoints:
             self._watch(ws.root, ws.store)
         return noted(ws, result)
 
-    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50):
+    def compress(self, root, *, keep_seconds=604800, minimum=20, maximum=50, dry_run=False):
         minimum = Compaction.check_limits(keep_seconds, minimum, maximum)
         ws = self.workspaces.resolve(root)
         with ws.store.lock:
             result = self.compaction.compress(ws, keep_seconds=keep_seconds, minimum=minimum,
-                                              maximum=maximum)
+                                              maximum=maximum, dry_run=bool(dry_run))
         return noted(ws, result)
 
     def export(self, root, to, *, history=False):
@@ -9042,6 +9330,11 @@ class Checkpoints:
         result, ws = self.importing.import_package(root, package)
         self._watch(ws.root, ws.store)
         return noted(ws, result)
+
+    def store_directory(self, root):
+        """Where root's store is (or would be); nothing is read or written
+        but the workspace's store pointer."""
+        return self.workspaces.store_dir_for(validate_root(root))
 
     # -- the watcher --------------------------------------------------------
 
@@ -9105,6 +9398,18 @@ class Checkpoints:
     def _watch(self, root, store):
         with self._lock:
             self._watched[root] = store.directory
+
+    def _keep_to_budget(self, ws):
+        """The budget pass after a record was written, when TC_STORE_BUDGET
+        is set (so that its cost is paid only then). The record stands
+        whatever happens here: a failure is logged, never the call's."""
+        if not self.config.store_budget:
+            return
+        try:
+            self.compaction.keep_to_budget(ws)
+        except (CheckpointError, OSError) as exc:
+            self.log("TC_STORE_BUDGET: the budget pass did not finish (%s); the next record "
+                     "tries again" % exc)
 
     def _reset_watcher(self, ws):
         if self.watcher:

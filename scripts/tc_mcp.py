@@ -16,7 +16,13 @@ tools/list, the argument checks, tools/call and fit_result all read it.
 Command line: no argument starts the server (saying so in one line on
 stderr when stdin is a terminal); --version, --help, --print-skill,
 --skill-path and --install-skill DIR [--force]. An argument it does not
-know is named on stderr and the server starts anyway.
+know is named on stderr and the server starts anyway, unless stdin is a
+terminal (a person typed it: the usage, exit status 2). Commands for
+people (status, log, show, diff, restore, undo, capture, export, import,
+usage, compress) run the tools' own handlers on the store, as one more
+process taking its lock, and print text or, with --json, the result
+whole; `hook session-start` and `hook capture` serve the hook systems of
+coding clients and always exit 0.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ def _drop_working_directory():
 if __name__ == "__main__" and __spec__ is not None:
     _drop_working_directory()
 
+import calendar  # noqa: E402
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 from json.decoder import scanstring as scan_json_string  # noqa: E402
@@ -234,6 +242,18 @@ OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimu
                           "keep everything."
                           % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT,
                              RESULT_BUDGET, TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
+USAGE = {"type": "object", "description": "Where the store's bytes go (after this call): "
+         "the whole store, its content, each task (its records' bytes and the content they "
+         "name, shared content counted for each task), the content only drift records hold, "
+         "what keep_seconds 0 would free, and what TC_STORE_BUDGET reclaimed.",
+         "properties": {
+             "total_bytes": {"type": "integer"}, "content_bytes": {"type": "integer"},
+             "content_files": {"type": "integer"}, "drift_only_bytes": {"type": "integer"},
+             "freed_at_keep_seconds_0": {"type": "integer"},
+             "tasks": {"type": "array", "items": {"type": "object"}},
+             "budget": {"type": "object"}},
+         "required": ["total_bytes", "content_bytes", "tasks", "drift_only_bytes",
+                      "freed_at_keep_seconds_0"]}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -266,7 +286,7 @@ def call_save(cp, a):
 
 
 def call_capture(cp, a):
-    return cp.capture(a["root"], **present(a, "agent"))
+    return cp.capture(a["root"], **present(a, "agent", "label"))
 
 
 def call_show(cp, a):
@@ -292,7 +312,8 @@ def call_import(cp, a):
 
 
 def call_compress(cp, a):
-    return cp.compress(a["root"], **present(a, "keep_seconds", "minimum", "maximum"))
+    return cp.compress(a["root"], **present(a, "keep_seconds", "minimum", "maximum",
+                                            "dry_run"))
 
 
 # ---------------------------------------------------------------------------
@@ -414,7 +435,11 @@ TOOLS = {
                     "means the watcher was still waiting for the files to settle (the record "
                     "is then partial); reads counts the files whose content was read. Drift "
                     "ids (d0001, d0002, ...) count per task.",
-        input=s_obj({"root": ROOT, "agent": AGENT}, ["root"]),
+        input=s_obj({
+            "root": ROOT, "agent": AGENT,
+            "label": s_str("A few words naming this moment, kept on the drift record "
+                           "(e.g. 'before the schema migration').", max_length=200),
+        }, ["root"]),
         output=s_out({
             "captured": {"type": "boolean"}, "waiting": {"type": "boolean"},
             "drift_id": NULLABLE_STR, "partial": {"type": "boolean"},
@@ -548,10 +573,13 @@ TOOLS = {
                              default=20),
             "maximum": s_int("Never keep more than this many copies of a path.", minimum=0,
                              default=50),
+            "dry_run": s_bool("Only report what would be reclaimed, and where the space "
+                              "goes; delete nothing."),
         }, ["root"]),
-        output=s_out({k: {"type": "integer"} for k in (
+        output=s_out(dict({k: {"type": "integer"} for k in (
             "converted", "eligible", "already_gone", "unreferenced", "bytes_freed",
-            "keep_seconds", "minimum", "maximum")}),
+            "keep_seconds", "minimum", "maximum")}, dry_run={"type": "boolean"}, usage=USAGE),
+            None),
         handler=call_compress,
     ),
 }
@@ -1599,13 +1627,18 @@ def install_skill(directory, force):
 
 def build_parser():
     import argparse  # only for a command line with options
+    commands = "\n".join("  %-10s %s" % item for item in COMMANDS.items())
     parser = argparse.ArgumentParser(
-        prog="tc-mcp", allow_abbrev=False,
+        prog="tc-mcp", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="tc-mcp [options] | tc-mcp COMMAND [--root DIR] [--json] ...",
         description="task-checkpoint-mcp: checkpoints for long agent tasks, as a stdio MCP "
-                    "server. With no option it serves MCP on stdin/stdout.",
-        epilog="Environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_WATCH_EVENTS, "
+                    "server.\nWith no argument it serves MCP on stdin/stdout.",
+        epilog="commands (tc-mcp COMMAND --help for each; --root DIR: the workspace, by "
+               "default the current\ndirectory; --json: the matching tool's result, whole; "
+               "exit status 0 done, 1 refused or\nfailed, 2 bad usage):\n%s\n\n"
+               "environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_WATCH_EVENTS,\n"
                "TC_DRIFT_MAX_WAIT, TC_GIT, TC_GIT_VERIFY, TC_SHA_REUSE, TC_FULL_HASH, "
-               "TC_WORK_THREADS (see the README).")
+               "TC_WORK_THREADS,\nTC_STORE_BUDGET (see the README)." % commands)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--print-skill", action="store_true", help="print SKILL.md and exit")
     parser.add_argument("--skill-path", action="store_true",
@@ -1646,6 +1679,10 @@ def main(argv=None):
             print("tc-mcp: an MCP server, waiting for a client on stdin/stdout; "
                   "`tc-mcp --help` lists the commands", file=sys.stderr)
         return run_stdio()
+    if argv[0] == "hook":
+        return run_hook(argv[1:])
+    if argv[0] in COMMANDS:
+        return run_command(argv)
     argv, odd = split_switch_values(argv)
     try:
         args, unknown = parse_known(build_parser(), argv)
@@ -1655,6 +1692,11 @@ def main(argv=None):
             return 2
         args, unknown = build_parser().parse_known_args([])[0], argv
     unknown = odd + unknown
+    if unknown and stdin_is_terminal():  # a person's typo, not a client's extra argument
+        build_parser().print_usage(sys.stderr)
+        print("tc-mcp: unrecognised argument(s): %s; `tc-mcp --help` lists the commands"
+              % " ".join(unknown), file=sys.stderr)
+        return 2
     if unknown:
         print("tc-mcp: ignoring unrecognised argument(s): %s" % " ".join(unknown),
               file=sys.stderr)
@@ -1703,6 +1745,596 @@ def run_stdio():
         return 0
     except BrokenPipeError:
         return 0
+
+
+# ---------------------------------------------------------------------------
+# Commands for people: the operations the tools run, printed as text
+# ---------------------------------------------------------------------------
+
+# name -> one line for --help; each runs the same handler its tool has.
+COMMANDS = {
+    "status": "the task's handoff, the store's health and size",
+    "log": "the steps, newest first (--drift: with the drift records and their labels)",
+    "show": "one step: its record and its files",
+    "diff": "step N against the workspace now, or against step M (--stat: counts only)",
+    "restore": "restore a step or drift record (or PATHs of it): a preview, --apply to do it",
+    "undo": "restore the last recovered record (undo the last restore): preview, --apply",
+    "capture": "record the workspace's changes now (--label TEXT names the moment)",
+    "export": "write a handoff package into DIR (--history: every step)",
+    "import": "continue a task from a handoff package",
+    "usage": "where the store's space goes, and what the budget reclaimed",
+    "compress": "reclaim old drift content (--keep-seconds N, --dry-run)",
+    "hook": "for client hooks: `hook session-start`, `hook capture` (see the README)",
+}
+PAGE = 200  # tc_show's largest page: a command reads every page
+UNITS = ("B", "KB", "MB", "GB", "TB")
+
+
+class UsageError(Exception):
+    """Arguments the tool's schema refuses: exit status 2, as for argparse."""
+
+
+class Quiet:
+    """A stream that keeps nothing: the log of a command goes to the store's server.log only."""
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def command_parser():
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="tc-mcp", allow_abbrev=False,
+        description="Commands for people on the store of a workspace, beside the MCP server "
+                    "(safe while one runs on the same store). Each runs what the matching "
+                    "tool runs. Exit status: 0 done, 1 refused or failed, 2 bad usage.")
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common.add_argument("--root", metavar="DIR",
+                        help="the workspace (default: the current directory, or the "
+                             "workspace folder above it that has the task)")
+    common.add_argument("--json", action="store_true",
+                        help="print the result object of the matching tool, whole: unlike "
+                             "the server's, no list or text in it is cut")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    def add(name, *arguments):
+        sub = commands.add_parser(name, parents=[common], help=COMMANDS[name],
+                                  description=COMMANDS[name], allow_abbrev=False)
+        for flags, options in arguments:
+            sub.add_argument(*flags, **options)
+
+    number = {"type": int, "metavar": "N"}
+    add("status")
+    add("log", (["--drift"], {"action": "store_true", "help": "list the drift records too"}))
+    add("show", (["index"], dict(number, help="the step number")))
+    add("diff", (["index"], dict(number, help="the step number")),
+        (["other"], {"type": int, "metavar": "M", "nargs": "?",
+                     "help": "a neighbouring step (N-1 or N+1); left out: the workspace now"}),
+        (["--stat"], {"action": "store_true", "help": "counts of lines per file only"}))
+    add("restore", (["target"], {"metavar": "TARGET",
+                                 "help": "a step number, or a drift id such as d0007"}),
+        (["paths"], {"nargs": "*", "metavar": "PATH",
+                     "help": "only these workspace paths (files or folders)"}),
+        (["--apply"], {"action": "store_true", "help": "change the workspace"}))
+    add("undo", (["--apply"], {"action": "store_true", "help": "change the workspace"}))
+    add("capture", (["--label"], {"metavar": "TEXT", "help": "a few words naming the moment"}))
+    add("export", (["to"], {"metavar": "DIR", "help": "an existing directory"}),
+        (["--history"], {"action": "store_true", "help": "include every step"}))
+    add("import", (["package"], {"metavar": "PACKAGE", "help": "the package directory"}))
+    add("usage")
+    add("compress", (["--keep-seconds"], {"type": int, "metavar": "N", "dest": "keep_seconds",
+                                          "help": "keep drift content younger than this "
+                                                  "(default 604800, a week)"}),
+        (["--dry-run"], {"action": "store_true", "dest": "dry_run",
+                         "help": "report what would go; delete nothing"}))
+    return parser
+
+
+def run_command(argv):
+    """A command for people; its exit status."""
+    args = command_parser().parse_args(argv)  # bad usage: argparse exits with 2
+    for problem in tc.Config.problems():
+        print("tc-mcp: %s" % problem, file=sys.stderr)
+    log = Logger(Quiet())
+    cp = tc.Checkpoints(tc.Config.from_env(), log=log)
+    try:
+        root = (os.path.abspath(os.path.expanduser(args.root)) if args.root
+                else enclosing_workspace(cp, os.getcwd()))
+        with contextlib.suppress(tc.CheckpointError, OSError, ValueError):
+            log.store_dirs[:] = [cp.store_directory(root)]
+        result, text = RUNNERS[args.command](cp, root, args)
+    except UsageError as exc:
+        print("tc-mcp %s: %s" % (args.command, exc), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # what was under way stops as after a kill: the store recovers
+        return 130
+    except Exception as exc:  # noqa: BLE001 (every failure is one line, never a traceback)
+        print("tc-mcp %s: %s" % (args.command, failure_text(args.command, exc, log)),
+              file=sys.stderr)
+        return 1
+    if args.json:
+        text = json.dumps(result, ensure_ascii=False, indent=2)
+    if text:
+        try:
+            sys.stdout.write(text.rstrip("\n") + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `tc-mcp log | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def failure_text(what, exc, log):
+    """The one line a failed command or hook says about exc."""
+    if isinstance(exc, tc.CheckpointError):
+        return one_line(str(exc))
+    if isinstance(exc, OSError):
+        advice = tc.OS_ERROR_ADVICE.get(exc.errno)
+        return "could not finish: %s%s" % (tc.describe_os_error(exc),
+                                           ". " + advice if advice else "")
+    log("internal error in %s: %s" % (what, tc.traceback_text()))
+    return "internal error: %s (details in the store's server.log)" % type(exc).__name__
+
+
+def enclosing_workspace(cp, start):
+    """start, or the nearest folder above it that is a workspace with an
+    active task in its store: a command or hook run in a subfolder acts on
+    its project. start itself when there is none (the error then names it).
+    A stat or two a level; the active pointer is read only where a store is."""
+    start = os.path.realpath(start)
+    folder = start
+    while True:
+        try:
+            store_dir = cp.store_directory(folder)
+            if (os.path.isfile(os.path.join(store_dir, "current.json"))
+                    and cp.workspaces.store(store_dir).read_current().get(folder)):
+                return folder
+        except (tc.CheckpointError, OSError):
+            pass
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return start
+        folder = parent
+
+
+def call_tool(cp, name, **arguments):
+    """A tool run as tools/call runs it: the arguments checked against its
+    input schema (what it refuses is bad usage) and its defaults filled in;
+    the result comes back whole."""
+    schema = TOOLS[name].input
+    problems = check_arguments(arguments, schema)
+    if problems:
+        raise UsageError("; ".join(problems))
+    return TOOLS[name].handler(cp, normalized(arguments, schema))
+
+
+def all_pages(cp, root, **arguments):
+    """tc_show's result with every page read: its lists joined, no next cursor."""
+    cursor, result = 0, None
+    while True:
+        page = call_tool(cp, "tc_show", root=root, limit=PAGE, cursor=cursor, **arguments)
+        if result is None:
+            result = page
+        else:
+            result["drifts"] += page["drifts"]
+            if arguments.get("index") is not None:
+                result["steps"][0]["files"] += page["steps"][0].get("files", [])
+            else:
+                result["steps"] += page["steps"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return result
+        result["next_cursor"] = None
+
+
+def size_text(count):
+    size, unit = float(count or 0), 0
+    while size >= 1024 and unit < len(UNITS) - 1:
+        size, unit = size / 1024, unit + 1
+    return "%d %s" % (size, UNITS[unit]) if unit == 0 else "%.1f %s" % (size, UNITS[unit])
+
+
+def age_text(created):
+    """'5m ago' for an ISO time in UTC (as records have it); '' when there is none."""
+    try:
+        seconds = time.time() - calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
+    except (TypeError, ValueError):
+        return ""
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return "%d%s ago" % (seconds // length, unit)
+    return "%ds ago" % max(seconds, 0)
+
+
+def first_line(text, width=70):
+    line = (text or "").strip().split("\n", 1)[0].strip()
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def columns(rows):
+    """rows of cells as lines, each column as wide as its widest cell (the last left ragged)."""
+    widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(max(map(len, rows)))]
+    return ["  ".join(cell.ljust(widths[i]) if i < len(row) - 1 else cell
+                      for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def run_status(cp, root, args):
+    result = call_tool(cp, "tc_resume", root=root)
+    lines = [result["handoff"], ""]
+    health = result["health"]
+    lines.append("health: ok" if health["ok"] else "health: %d problem(s)" % len(health["errors"]))
+    lines += ["  - %s" % one_line(error) for error in health["errors"]]
+    try:
+        usage = call_tool(cp, "tc_compress", root=root, dry_run=True)["usage"]
+        size = "%s in all, %s of it content" % (size_text(usage["total_bytes"]),
+                                                size_text(usage["content_bytes"]))
+    except (tc.CheckpointError, OSError) as exc:
+        size = "size unknown (%s)" % one_line(str(exc))
+    lines.append("store: %s (%s)" % (result["store"], size))
+    lines.append("task: %s (%s)" % (result.get("task_id"), result.get("status")))
+    return result, "\n".join(lines)
+
+
+def step_row(step):
+    if step.get("damaged"):
+        return ["%d" % step["index"], "", "(damaged: %s)" % first_line(step["damaged"])]
+    title = first_line(step.get("title"), 50) + (" (head)" if step.get("head") else "")
+    conclusion = first_line(step.get("conclusion"))
+    return ["%d" % step["index"], age_text(step.get("created")),
+            title + ("  — " + conclusion if conclusion else "")]
+
+
+def drift_row(drift):
+    if drift.get("damaged"):
+        return [drift["id"], "", "(damaged: %s)" % first_line(drift["damaged"])]
+    counts = "+%d ~%d -%d" % tuple(len(drift.get(k) or ()) for k in DRIFT_LISTS)
+    kind = drift.get("kind") or ""
+    if drift.get("compressed"):
+        kind += ", reclaimed"
+    label = " %s" % json.dumps(drift["label"], ensure_ascii=False) if drift.get("label") else ""
+    return [drift["id"], age_text(drift.get("created")), "%s [%s]%s" % (counts, kind, label)]
+
+
+def run_log(cp, root, args):
+    result = all_pages(cp, root, include_drift=args.drift)
+    items = [(step.get("created_ns") or 0, step_row(step)) for step in result["steps"]]
+    items += [(drift.get("created_ns") or 0, drift_row(drift)) for drift in result["drifts"]]
+    items.sort(key=lambda item: item[0], reverse=True)  # newest first
+    lines = ["task %s (%s), head step %d" % (result["task_id"], result["status"], result["head"])]
+    if not items:
+        lines.append("no step saved yet")
+    else:
+        lines += ["  " + line for line in columns([row for _, row in items])]
+    return result, "\n".join(lines)
+
+
+def run_show(cp, root, args):
+    result = all_pages(cp, root, index=args.index)
+    step = result["steps"][0]
+    lines = ["step %d%s  %s  %s" % (step["index"], " (head)" if step.get("head") else "",
+                                    step.get("created") or "", age_text(step.get("created")))]
+    for key in ("title", "conclusion", "description", "next"):
+        if step.get(key):
+            lines.append("%s: %s" % (key, step[key]))
+    for key in ("verified", "open_questions"):
+        if step.get(key):
+            lines.append("%s:" % key.replace("_", " "))
+            lines += ["  - %s" % item for item in step[key]]
+    if step.get("drift_id"):
+        lines.append("recorded with: %s" % step["drift_id"])
+    files = step.get("files") or []
+    lines.append("files (%d):" % len(files))
+    if files:
+        lines += ["  " + line for line in columns([[size_text(f["size"]), f["kind"], f["path"]]
+                                                   for f in files])]
+    return result, "\n".join(lines)
+
+
+def restore_call(cp, root, target, *, paths=(), apply=False):
+    """tc_restore of target (a step number or a drift id): a preview with
+    its diff, or with apply the restore itself."""
+    arguments = {"root": root, "apply": apply}
+    if re.fullmatch(r"[0-9]+", target):
+        arguments["index"] = int(target)
+    else:
+        arguments["drift_id"] = target
+    if paths:
+        arguments["paths"] = [path.replace(os.sep, "/").strip("/") for path in paths]
+    if not apply:
+        arguments["diff"] = True
+    return call_tool(cp, "tc_restore", **arguments)
+
+
+def diff_text(entries, stat):
+    """A restore's or a step's diff entries as unified diff text, or with
+    stat as a line of counts per file."""
+    if not entries:
+        return "no difference"
+    if stat:
+        rows = [[entry["path"], "+%s -%s" % (entry.get("added") or 0, entry.get("removed") or 0),
+                 entry.get("change") or "", entry.get("reason") or ""] for entry in entries]
+        added = sum(entry.get("added") or 0 for entry in entries)
+        removed = sum(entry.get("removed") or 0 for entry in entries)
+        return "\n".join(columns(rows) + ["%d file(s), +%d -%d" % (len(entries), added,
+                                                                  removed)])
+    parts = []
+    for entry in entries:
+        if entry.get("patch"):
+            parts.append(entry["patch"].rstrip("\n"))
+        else:
+            parts.append("%s: %s%s" % (entry["path"], entry.get("change") or "changed",
+                                       " (%s)" % entry["reason"] if entry.get("reason") else ""))
+    return "\n".join(parts)
+
+
+def run_diff(cp, root, args):
+    if args.other is None:
+        result = restore_call(cp, root, str(args.index))
+        header = "workspace now (---) against step %d (+++):" % args.index
+    elif abs(args.other - args.index) == 1:
+        later = max(args.index, args.other)
+        result = call_tool(cp, "tc_show", root=root, index=later, diff=True)
+        header = "step %d (---) against step %d (+++):" % (later - 1, later)
+    else:
+        raise UsageError("diff N M compares neighbouring steps (M is N-1 or N+1); "
+                         "`tc-mcp diff N` compares step N with the workspace")
+    entries = result.get("diff") if args.other is None else (
+        result["steps"][0].get("diff") or result.get("diff"))
+    return result, header + "\n" + diff_text(entries or [], args.stat)
+
+
+def plan_lines(result):
+    plan = result["plan"]
+    lines = ["  %d to write, %d to replace, %d to delete" % (
+        len(plan["to_write"]), len(plan["to_replace"]), len(plan["to_delete"]))]
+    lines += ["  left alone: %s (%s)" % (item["path"], item["reason"])
+              for item in plan["unrestorable"] + result.get("skipped_paths", [])]
+    return lines
+
+
+def restore_text(result, what):
+    if not result["applied"]:
+        lines = ["preview of restoring %s (nothing changed; --apply does it):" % what]
+        lines += plan_lines(result)
+        if result.get("plan_id"):
+            lines.append("  plan id: %s" % result["plan_id"])
+        if result.get("diff") is not None:
+            lines += ["", diff_text(result["diff"], False)]
+        return "\n".join(lines)
+    if result.get("note"):
+        lines = [result["note"].rstrip("\n")]
+    else:
+        lines = ["restored %s:" % what] + plan_lines(result)
+    lines.append("recovered: %s (tc-mcp undo --apply puts the workspace back as it was)"
+                 % result["recovered"])
+    return "\n".join(lines)
+
+
+def run_restore(cp, root, args):
+    result = restore_call(cp, root, args.target, paths=args.paths, apply=args.apply)
+    what = ("step %s" % args.target if args.target.isdigit() else args.target) + (
+        " (%s)" % ", ".join(args.paths) if args.paths else "")
+    return result, restore_text(result, what)
+
+
+def last_recovered(cp, root):
+    """The newest drift record a restore or import wrote (kind "recovered")."""
+    drifts = all_pages(cp, root, include_drift=True)["drifts"]
+    for drift in reversed(drifts):
+        if drift.get("kind") == "recovered" and not drift.get("damaged"):
+            return drift["id"]
+    raise tc.NotFound("nothing to undo: no restore or import has recorded what it replaced "
+                      "in this task")
+
+
+def run_undo(cp, root, args):
+    drift_id = last_recovered(cp, root)
+    result = restore_call(cp, root, drift_id, apply=args.apply)
+    return result, restore_text(result, "%s (what the last restore replaced)" % drift_id)
+
+
+def run_capture(cp, root, args):
+    arguments = {"label": args.label} if args.label is not None else {}
+    result = call_tool(cp, "tc_capture", root=root, **arguments)
+    if not result["captured"]:
+        return result, "nothing changed since the last record"
+    text = "recorded %s: %d added, %d modified, %d deleted" % (
+        result["drift_id"], len(result["added"]), len(result["modified"]),
+        len(result["deleted"]))
+    if args.label:
+        text += " (%s)" % args.label
+    if result["partial"]:
+        text += "\nsome files were still changing; the record may be partial"
+    return result, text
+
+
+def run_export(cp, root, args):
+    result = call_tool(cp, "tc_export", root=root, to=os.path.abspath(args.to),
+                       history=args.history)
+    lines = ["wrote %s (%d files)" % (result["path"], len(result["files"]))]
+    lines += ["  left out: %s (%s)" % (item["path"], item["reason"]) for item in result["filtered"]]
+    if result.get("changed_since_step"):
+        lines.append("  not in the package, changed since the step: %s (save first to include "
+                     "them)" % ", ".join(result["changed_since_step"][:10]))
+    return result, "\n".join(lines)
+
+
+def run_import(cp, root, args):
+    result = call_tool(cp, "tc_import", root=root, package=os.path.abspath(args.package))
+    text = "task %s is active in %s" % (result["task_id"], root)
+    if result.get("recovered"):
+        text += ("\nfiles it overwrote are kept in %s (tc-mcp restore %s --apply brings them "
+                 "back)" % (result["recovered"], result["recovered"]))
+    return result, text
+
+
+def usage_lines(usage, store):
+    lines = ["store %s: %s in all, %s of it content (%d files)" % (
+        store, size_text(usage["total_bytes"]), size_text(usage["content_bytes"]),
+        usage.get("content_files", 0)),
+        "  held only by drift records: %s; a compress with --keep-seconds 0 frees %s" % (
+            size_text(usage["drift_only_bytes"]), size_text(usage["freed_at_keep_seconds_0"]))]
+    rows = [["task %s" % task["task_id"], "(%s)" % task.get("status"),
+             "%d steps, %d drift records" % (task["steps"], task["drifts"]),
+             "records %s, content %s" % (size_text(task["record_bytes"]),
+                                         size_text(task["content_bytes"])),
+             task.get("root") or ""] for task in usage["tasks"]]
+    lines += ["  " + line for line in columns(rows)] if rows else []
+    budget = usage.get("budget") or {}
+    if budget.get("bytes"):
+        lines.append("budget (TC_STORE_BUDGET): %s, %s; reclaimed so far: %d drift record(s), "
+                     "%s%s" % (size_text(budget["bytes"]),
+                               "over it: steps and the newest records alone need more"
+                               if budget.get("over") else "kept",
+                               budget.get("reclaimed_records", 0),
+                               size_text(budget.get("reclaimed_bytes", 0)),
+                               ", last at %s" % budget["last_reclaimed"]
+                               if budget.get("last_reclaimed") else ""))
+    else:
+        lines.append("budget: none (TC_STORE_BUDGET is not set)")
+    return lines
+
+
+def run_usage(cp, root, args):
+    result = call_tool(cp, "tc_compress", root=root, dry_run=True)
+    return result, "\n".join(usage_lines(result["usage"], cp.store_directory(root)))
+
+
+def run_compress(cp, root, args):
+    arguments = {"dry_run": args.dry_run}
+    if args.keep_seconds is not None:
+        arguments["keep_seconds"] = args.keep_seconds
+    result = call_tool(cp, "tc_compress", root=root, **arguments)
+    lines = ["%s %s from %d drift record(s) (%d old copies eligible, %d already gone, %d "
+             "unreferenced file(s))" % (
+                 "would reclaim" if result["dry_run"] else "reclaimed",
+                 size_text(result["bytes_freed"]), result["converted"], result["eligible"],
+                 result["already_gone"], result["unreferenced"])]
+    lines += usage_lines(result["usage"], cp.store_directory(root))
+    return result, "\n".join(lines)
+
+
+RUNNERS = {"status": run_status, "log": run_log, "show": run_show, "diff": run_diff,
+           "restore": run_restore, "undo": run_undo, "capture": run_capture,
+           "export": run_export, "import": run_import, "usage": run_usage,
+           "compress": run_compress}
+
+
+# ---------------------------------------------------------------------------
+# Client hooks: never block or break the session that runs them
+# ---------------------------------------------------------------------------
+
+HOOK_SECONDS = 4.0  # then a hook gives up and exits 0: its client waits for it
+HOOK_INPUT_LIMIT = 16 * 1024 * 1024  # bytes of the event read from stdin
+SHELL_TOOLS = ("bash", "shell")  # the shell tool's name, as Claude Code and Codex send it
+RESUME_HINT = ("task-checkpoint: this workspace has an open task (above). Call tc_resume "
+               "(root %s) before you start, and tc_save after each finished step.")
+
+
+def run_hook(argv):
+    """`tc-mcp hook NAME`, fed the client's event as JSON on stdin. Always
+    exit status 0 (a client takes 2 as "block the tool"), at most one line
+    on stderr, and done within HOOK_SECONDS: past that it exits at once,
+    wherever it is (a restore holding the lock, a huge first snapshot). The
+    store is built to be left at any point, as after a kill."""
+    watchdog = threading.Timer(HOOK_SECONDS, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    name = argv[0] if len(argv) == 1 else None
+    if name not in HOOKS:
+        say_once("tc-mcp hook: expected `hook session-start` or `hook capture`, got %s"
+                 % " ".join(argv))
+        return 0
+    log = Logger(Quiet())
+    try:
+        event, problem = read_event()
+        cp = tc.Checkpoints(tc.Config.from_env(), log=log)
+        cwd = event.get("cwd")
+        start = cwd if isinstance(cwd, str) and os.path.isabs(cwd) and os.path.isdir(cwd) \
+            else os.getcwd()
+        root = enclosing_workspace(cp, start)
+        with contextlib.suppress(tc.CheckpointError, OSError, ValueError):
+            log.store_dirs[:] = [cp.store_directory(root)]
+        HOOKS[name](cp, root, event)
+        if problem:
+            say_once("tc-mcp hook %s: %s" % (name, problem))
+    except (tc.NotFound, tc.TaskClosed):
+        pass  # no open task here: nothing to say and nothing to record
+    except Exception as exc:  # noqa: BLE001 (a hook never fails its session)
+        say_once("tc-mcp hook %s: %s" % (name, failure_text("hook " + name, exc, log)))
+    sys.stdout.flush()
+    return 0
+
+
+def give_up():
+    say_once("tc-mcp hook: stopped after %g s (the store is busy or the workspace is large); "
+             "it recovers at its next use" % HOOK_SECONDS)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(0)
+
+
+def say_once(line):
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(one_line(line) + "\n")
+        sys.stderr.flush()
+
+
+def read_event():
+    """(the event object on stdin, or {}; what was wrong with it, or None).
+    No stdin, a terminal or empty input is no event, and no problem."""
+    try:
+        if sys.stdin is None or os.isatty(sys.stdin.fileno()):
+            return {}, None
+        raw = sys.stdin.buffer.read(HOOK_INPUT_LIMIT + 1)
+    except (OSError, ValueError, AttributeError):
+        return {}, None
+    if not raw.strip():
+        return {}, None
+    try:
+        event = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        event = None
+    if not isinstance(event, dict):
+        return {}, "stdin is not a JSON object; the current directory was used"
+    return event, None
+
+
+def hook_label(event):
+    """The event's name, its tool, and a shell tool's command on one line:
+    "PreToolUse Bash: rm -rf build", at most tc.LABEL_LIMIT characters."""
+    name = event.get("hook_event_name")
+    label = name if isinstance(name, str) and name.strip() else "hook"
+    tool = event.get("tool_name")
+    if isinstance(tool, str) and tool.strip():
+        label += " " + tool
+        tool_input = event.get("tool_input")
+        command = tool_input.get("command") if isinstance(tool_input, dict) else None
+        if isinstance(command, list):
+            command = " ".join(str(part) for part in command)
+        if tool.lower() in SHELL_TOOLS and isinstance(command, str) and command.strip():
+            label += ": " + one_line(command)[:tc.LABEL_LIMIT]
+    return one_line(label)[:tc.LABEL_LIMIT]
+
+
+def hook_session_start(cp, root, event):
+    """The open task's handoff on stdout, which Claude Code and Codex add to
+    the model's context at the start of a session; nothing otherwise."""
+    result = cp.resume(root)
+    if result.get("status") != "open":
+        return
+    sys.stdout.write(result["handoff"].rstrip("\n") + "\n\n" + RESUME_HINT % root + "\n")
+
+
+def hook_capture(cp, root, event):
+    """The workspace's changes as a drift record labelled with the event; prints nothing."""
+    cp.capture(root, label=hook_label(event))
+
+
+HOOKS = {"session-start": hook_session_start, "capture": hook_capture}
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ file alone (--no-index --no-deps). When no such interpreter or pip can be
 found the build tests are skipped and the reason says what is missing.
 """
 
+import atexit
 import email.parser
 import json
 import os
@@ -433,11 +434,12 @@ def venv_paths(venv):
     return bindir, os.path.join(bindir, "python" + exe), exe
 
 
-class BuiltDistributionTest(unittest.TestCase):
-    """Build sdist, build the wheel from the unpacked sdist, install, run."""
+class DistributionBuild:
+    """Build sdist, build the wheel from the unpacked sdist, install it into
+    a virtual environment, all in a new temporary folder (cls.tmp)."""
 
     @classmethod
-    def setUpClass(cls):
+    def prepare(cls):
         build_python, reason = find_build_python()
         if build_python is None:
             raise unittest.SkipTest(reason)
@@ -449,10 +451,6 @@ class BuiltDistributionTest(unittest.TestCase):
         except BaseException:
             shutil.rmtree(cls._tmp, ignore_errors=True)
             raise
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls._tmp, ignore_errors=True)
 
     @classmethod
     def call_hook(cls, build_python, hook, source, outdir):
@@ -510,6 +508,17 @@ class BuiltDistributionTest(unittest.TestCase):
         if proc.returncode != 0:
             raise AssertionError("pip install of the wheel failed:\n%s\n%s"
                                  % (proc.stdout[-4000:], proc.stderr[-4000:]))
+
+
+class BuiltDistributionTest(DistributionBuild, unittest.TestCase):
+    """The built distribution: what it holds, and what it installs runs (the
+    build the tests of the installed commands use too)."""
+
+    @classmethod
+    def setUpClass(cls):
+        shared = SharedInstall.ready()
+        for name in ("tmp", "venv", "sdist", "sdist_names", "sdist_root", "wheel"):
+            setattr(cls, name, getattr(shared, name))
 
     def command(self, name):
         bindir, _, exe = venv_paths(self.venv)
@@ -673,6 +682,36 @@ class BuiltDistributionTest(unittest.TestCase):
         with open(skill_file, "rb") as fh:
             self.assertEqual(normalize_newlines(fh.read()), normalize_newlines(read_bytes("SKILL.md")))
         self.assertEqual(os.listdir(target), ["SKILL.md"])
+
+
+class SharedInstall(DistributionBuild):
+    """One installed copy for the tests of the installed commands (the
+    command line, the hooks), built at most once per test process."""
+
+    built = False
+    skip_reason = None
+
+    @classmethod
+    def ready(cls):
+        """The class, built and installed (removed when the process exits);
+        SkipTest where nothing can be built or installed here."""
+        if cls.skip_reason:
+            raise unittest.SkipTest(cls.skip_reason)
+        if not cls.built:
+            try:
+                cls.prepare()
+            except unittest.SkipTest as exc:
+                cls.skip_reason = str(exc)
+                raise
+            atexit.register(shutil.rmtree, cls._tmp, True)
+            cls.built = True
+        return cls
+
+    @classmethod
+    def command(cls, name):
+        """The path of the installed command name."""
+        bindir, _, exe = venv_paths(cls.ready().venv)
+        return os.path.join(bindir, name + exe)
 
 
 if __name__ == "__main__":
