@@ -127,6 +127,10 @@ STAT_CACHE_SUPPORTED = os.name == "posix"
 # open or read-only, flushes only through a writable handle).
 WINDOWS = os.name == "nt"
 
+# Left out wherever they are, file or folder, and never reported: git's own
+# folder (or the .git file of a submodule or linked worktree, which a tree
+# may not hold), a store and a store pointer.
+OWN_NAMES = frozenset((".git", STORE_DIRNAME, POINTER_NAME))
 ALWAYS_EXCLUDED = (
     ".git", STORE_DIRNAME, POINTER_NAME, ".branches", ".history", "backup*",
     "*.bak", ".cursor", ".idea", ".vscode", ".workbuddy", "node_modules",
@@ -1958,7 +1962,16 @@ class PathPolicy:
         parts = rel.split("/")
         if len(parts) == 1:
             return self.excluded_name(rel)
-        return any(self.excluded_name(part) for part in parts[:-1])
+        return (parts[-1] in OWN_NAMES
+                or any(self.excluded_name(part) for part in parts[:-1]))
+
+    def left_out_before(self, rel):
+        """True for a file the name rules before NAME_RULES left out and these
+        do not: a deeper file named like a pattern (src/backup_manager.py).
+        A record made under those rules lacks it, whether or not it existed."""
+        parts = rel.split("/")
+        return (len(parts) > 1 and self.excluded_name(parts[-1])
+                and not self.excluded(rel))
 
     def excluded_folder(self, rel):
         """True when the scan skips the folder rel: the store, or a folder with
@@ -2039,7 +2052,7 @@ StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mo
 # left_out: (rel, is a folder) of what a name rule left out (see PathPolicy).
 ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable left_out")
 # Left out by name but never reported: the store, its pointer and git's own folder.
-UNREPORTED_NAMES = frozenset((".git", STORE_DIRNAME, POINTER_NAME))
+
 
 # A read that failed because the path no longer holds the regular file the
 # scan saw (deleted, or replaced by a link or a special file): the file is
@@ -2147,9 +2160,10 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
     top = not prefix
     for entry in listing:
         name = entry.name
+        if name in OWN_NAMES:
+            continue
         if top and excluded(name):
-            if name not in UNREPORTED_NAMES:
-                left_out.append((name, entry.is_dir(follow_symlinks=False)))
+            left_out.append((name, entry.is_dir(follow_symlinks=False)))
             continue
         rel = prefix + name
         if not name.isascii() and not utf8_name(name):
@@ -2159,8 +2173,7 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
         try:
             if entry.is_dir(follow_symlinks=False):
                 if not top and excluded(name):
-                    if name not in UNREPORTED_NAMES:
-                        left_out.append((rel, True))
+                    left_out.append((rel, True))
                 elif rel != store_rel:
                     stack.append((rel + "/", in_sensitive or sensitive_dir(name),
                                   (entry.inode(), device)))
@@ -3111,13 +3124,13 @@ STEP_SHAPE = ({"index": lambda v: _whole(v) and 1 <= v <= MAX_STEP, "title": _te
               {"description": _text, "conclusion": _text, "next": _text, "verified": _texts,
                "open_questions": _texts, "drift_id": lambda v: v is None or _text(v),
                "groups": lambda v: type(v) is list, "created": _text, "created_ns": _whole,
-               "unseen": _texts, "agent": agent_ok, "head_before": _whole})
+               "unseen": _texts, "agent": agent_ok, "head_before": _whole, "names": _whole})
 DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                 "modified": _texts, "deleted": _texts, "created_ns": _whole},
                {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
                 "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
                 "reason": lambda v: v is None or _text(v), "created": _text,
-                "unseen": _texts, "agent": agent_ok, "label": _text})
+                "unseen": _texts, "agent": agent_ok, "label": _text, "names": _whole})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
                    "files": lambda v: (type(v) is dict and rel_paths_ok(v)
@@ -3238,6 +3251,14 @@ def make_state(*, task_id, name, goal, constraints, root, exclude, agent=None):
     }, agent)
 
 
+# The name rules a record's scan applied (PathPolicy): 2 is the rule of a
+# folder's name at any depth or a top-level file's; a record without it
+# was made when a pattern also left out deeper files named like it, so such
+# files may be missing from it without having been gone (see
+# PathPolicy.left_out_before).
+NAME_RULES = 2
+
+
 def make_step(*, index, title, description, conclusion, next_step, verified,
               open_questions, manifest, drift_id, groups, unseen=(), agent=None,
               head_before=None):
@@ -3247,7 +3268,7 @@ def make_step(*, index, title, description, conclusion, next_step, verified,
         "index": index, "title": title, "description": description,
         "conclusion": conclusion, "next": next_step, "verified": list(verified),
         "open_questions": list(open_questions), "manifest": manifest,
-        "drift_id": drift_id, "groups": groups,
+        "drift_id": drift_id, "groups": groups, "names": NAME_RULES,
         "created": now_iso(), "created_ns": time.time_ns(),
     }, unseen)
     if head_before is not None:
@@ -3263,7 +3284,7 @@ def make_drift(*, number, kind, manifest, added, modified, deleted, partial=Fals
         "id": "d%04d" % number, "kind": kind, "manifest": manifest,
         "added": added, "modified": modified, "deleted": deleted,
         "partial": partial, "compressed": False, "unrestorable": [],
-        "head_before": head_before, "reason": reason,
+        "head_before": head_before, "reason": reason, "names": NAME_RULES,
         "created": now_iso(), "created_ns": time.time_ns(),
     }, unseen), agent)
     if label:
@@ -3288,10 +3309,20 @@ def with_unseen(record, unseen):
     return record
 
 
+# The skipped item of a record made before NAME_RULES (path "" names no
+# file): plan_restore then leaves alone the files those rules left out.
+OLDER_NAMES = {"path": "", "reason": "recorded before files so named were recorded: left as "
+                                     "it is"}
+
+
 def unseen_skips(record):
-    """The record's unseen paths as the skipped items plan_restore leaves alone."""
-    return [{"path": path.rstrip("/"), "reason": "not read when this record was made"}
-            for path in record.get("unseen") or ()]
+    """The record's unseen paths as the skipped items plan_restore leaves
+    alone; for a record made before NAME_RULES, OLDER_NAMES too."""
+    items = [{"path": path.rstrip("/"), "reason": "not read when this record was made"}
+             for path in record.get("unseen") or ()]
+    if record.get("names", 0) < NAME_RULES:
+        items.append(OLDER_NAMES)
+    return items
 
 
 def rewritten_as_recorded(row, sha, st):
@@ -4015,7 +4046,8 @@ class Rollback:
         self.temp_files = plan.get("temp_files", ())  # plans that listed their staging names
         self.store_new, self.store_new_dirs = plan["store_new"], plan.get("store_new_dirs", [])
         self.store_backup, self.payloads_new = plan["store_backup"], plan["payloads_new"]
-        self.kept = KeptList(store, self.op, self.op_id, self.root)
+        self.kept = KeptList(store, self.op, self.op_id or os.path.basename(directory),
+                             self.root)
 
     @classmethod
     def of_journal(cls, store, directory, **kwargs):
@@ -4833,7 +4865,8 @@ class Workspace:
             return
         active = self.store.read_current().get(self.root)
         if active is None:
-            raise NotFound("no active task for %r: start one with tc_init" % self.root)
+            raise NotFound("no active task for %r: start one with tc_init, or continue a handoff "
+                           "package with tc_import" % self.root)
         if active != self.task_id:
             self.task_id = active
             self.load_state(lenient)
@@ -5000,11 +5033,15 @@ class Workspaces:
                        "(pass an id, or a task's exact name)" % (given[:128], listed))
 
     def adopt_moved_tasks(self, root, store):
-        """When the workspace's own store (root/.checkpoints) keeps no task for
-        root and all its tasks are recorded for one other folder, the store
-        was moved or copied with the workspace (mv, cp -a): its tasks, and
-        the active one, now belong to root. A note saying so, else None."""
-        if os.path.realpath(store.directory) != os.path.join(root, STORE_DIRNAME):
+        """When the workspace's own store (root/.checkpoints, not one TC_STORE
+        names) keeps no task for root and all its tasks are recorded for one
+        other folder, which is gone or has a store of its own elsewhere, the
+        store was moved or copied with the workspace (mv, cp -a): its tasks,
+        and the active one, now belong to root. Not when that folder still
+        uses this very store (its pointer names it, or it is this folder
+        under another path, a bind mount). A note saying so, else None."""
+        if self.config.store or (
+                os.path.realpath(store.directory) != os.path.join(root, STORE_DIRNAME)):
             return None
         try:
             active = store.read_current() if os.path.isfile(store.current_path) else {}
@@ -5017,6 +5054,8 @@ class Workspaces:
         if len(old) != 1 or root in old or None in old:
             return None
         old = old.pop()
+        if not isinstance(old, str) or self._uses_store(old, store):
+            return None
         with store.lock:
             ws = Workspace(root, store)
             ws.need_writable()
@@ -5035,6 +5074,19 @@ class Workspaces:
         store.log(note)
         return note
 
+    def _uses_store(self, folder, store):
+        """Whether folder (still there) keeps its tasks in store."""
+        if not os.path.isdir(folder):
+            return False
+        try:
+            theirs = self.own_store_dir(folder)
+        except CheckpointError:
+            return True  # a damaged pointer there: not ours to take its tasks
+        try:
+            return os.path.samefile(theirs, store.directory)
+        except OSError:
+            return False
+
     @staticmethod
     def adopt_task(root, store, task_id):
         """tc_switch to a task whose workspace is no longer there: the task
@@ -5048,6 +5100,10 @@ class Workspaces:
         owner = state.get("root")
         if owner == root or not isinstance(owner, str) or os.path.isdir(owner):
             return None
+        if state.get("status") == "closed":
+            raise TaskClosed("task %r is closed, and belongs to %r, which is no longer there; "
+                             "a closed task is not changed: start a new task here with tc_init"
+                             % (task_id, owner))
         with store.lock:
             Workspace(root, store).need_writable()
             state = records.read_state()
@@ -5066,9 +5122,10 @@ class Workspaces:
 
     def no_active_task(self, root, store):
         """The error for a workspace with no active task in store: what to do
-        next. It names the enclosing workspace when root lies inside one,
-        the tasks the store keeps for a folder no longer there (an external
-        store after the workspace moved), and, when TC_STORE chose the store
+        next. It names the enclosing workspace when root lies inside one;
+        when root's own pointer names the store (a workspace moved or copied
+        with an external store), the tasks the store keeps for other folders
+        and how to continue them here; and, when TC_STORE chose the store
         while the workspace's own store holds its tasks, where those are
         (tc_init would refuse too)."""
         store_dir = store.directory
@@ -5078,18 +5135,30 @@ class Workspaces:
             return NotFound("no task for %r: it lies inside the workspace %r%s, whose store "
                             "records this folder too; pass root %r"
                             % (root, outer, described_task(task_id, name), outer))
-        gone = []
-        if os.path.isdir(store_dir):
-            gone = ["%s (%s, for %r)" % (tid, shown_path(state.get("name", "")),
-                                          state.get("root"))
-                    for tid, state in store.task_states()
-                    if state and isinstance(state.get("root"), str)
-                    and state.get("status") != "closed" and not os.path.isdir(state["root"])]
-        if gone:
-            return NotFound("no active task for %r; the store %r keeps tasks for a folder "
-                            "that is no longer there (moved?): %s. To continue one here, "
-                            "tc_switch to it; or start a new task with tc_init"
-                            % (root, store_dir, ", ".join(gone[:5])))
+        pointed = os.path.isfile(os.path.join(root, POINTER_NAME)) and not self.config.store
+        if pointed and os.path.isdir(store_dir):
+            # This workspace's own pointer names the store: it was moved or
+            # copied from one of the folders the store keeps tasks for.
+            others = [(tid, state) for tid, state in store.task_states()
+                      if state and isinstance(state.get("root"), str)
+                      and state["root"] != root and state.get("status") != "closed"]
+            gone = [item for item in others if not os.path.isdir(item[1]["root"])]
+            there = [item for item in others if os.path.isdir(item[1]["root"])]
+            named = lambda items: ", ".join("%s (%s, for %r)" % (
+                tid, shown_path(state.get("name", "")), state["root"]) for tid, state in items[:5])
+            if gone:
+                return NotFound("no active task for %r; the store %r that this workspace's "
+                                "pointer names keeps tasks for a folder that is no longer "
+                                "there: %s. If this folder is that one moved, tc_switch to the "
+                                "task to continue it here; or start a new one with tc_init, or "
+                                "continue a handoff package with tc_import"
+                                % (root, store_dir, named(gone)))
+            if there:
+                return NotFound("no active task for %r; the store %r that this workspace's "
+                                "pointer names keeps tasks of other folders: %s. To continue "
+                                "one here, tc_export it there and tc_import the package here; "
+                                "or start a new task with tc_init" % (root, store_dir,
+                                                                     named(there)))
         plain = NotFound("no active task for %r: start one with tc_init, or continue a handoff "
                          "package with tc_import" % root)
         if not self.config.store:
@@ -5105,6 +5174,22 @@ class Workspaces:
                         "workspace's tasks (%s) are in %r: unset TC_STORE, or set it to that "
                         "store, to reach them" % (root, store_dir, ", ".join(kept[:5]), own))
 
+    def refuse_inside_another(self, root):
+        """A new task (tc_init, tc_import) at a root inside another workspace
+        would give that workspace's files a second store inside it: refused,
+        naming the workspace, unless root already has a store of its own."""
+        if (looks_like_store(os.path.join(root, STORE_DIRNAME))
+                or os.path.isfile(os.path.join(root, POINTER_NAME))):
+            return
+        enclosing = self.enclosing(root)
+        if enclosing is not None:
+            outer, task_id, name = enclosing
+            raise Conflict("%r lies inside the workspace %r%s, whose store records this folder "
+                           "too: a task here would make a second store inside it. Pass root "
+                           "%r to work there (tc_init or tc_switch there for another task), "
+                           "or choose a folder outside it"
+                           % (root, outer, described_task(task_id, name), outer))
+
     def enclosing(self, root):
         """(the workspace root lies inside, its active task id, that task's
         name) when a folder above root is a workspace with tasks, else None.
@@ -5114,7 +5199,8 @@ class Workspaces:
         if os.path.isdir(mine.directory):
             for _tid, state in mine.task_states():
                 owner = state.get("root") if state else None
-                if isinstance(owner, str) and _inside(root, owner):
+                if (isinstance(owner, str) and _inside(root, owner)
+                        and not self._leaves_out(state, owner, root)):
                     return self._described(mine, owner)
         current = os.path.dirname(root)
         while True:
@@ -5122,7 +5208,9 @@ class Workspaces:
                     or os.path.isfile(os.path.join(current, POINTER_NAME))):
                 try:
                     store = self.store(self.own_store_dir(current))
-                    if tasks_kept_for(store.directory, current)[0]:
+                    kept = tasks_kept_for(store.directory, current)[0]
+                    if kept and not any(self._leaves_out(store.task(tid).read_state(),
+                                                         current, root) for tid in kept):
                         return self._described(store, current)
                 except (CheckpointError, OSError):
                     pass
@@ -5130,6 +5218,14 @@ class Workspaces:
             if parent == current:
                 return None
             current = parent
+
+    @staticmethod
+    def _leaves_out(state, owner, root):
+        """Whether the task (its state) of the workspace owner leaves out the
+        folder root below it (a name rule or its exclude): then root's files
+        are none of that workspace's."""
+        rel = os.path.relpath(root, owner).replace(os.sep, "/")
+        return PathPolicy(state.get("exclude") or ()).excluded_folder(rel)
 
     @staticmethod
     def _described(store, owner):
@@ -5201,6 +5297,7 @@ IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
 IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
 IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
 IN_ONLYDIR, IN_DONT_FOLLOW, IN_EXCL_UNLINK = 0x01000000, 0x02000000, 0x04000000
+IN_ISDIR = 0x40000000  # in an event: it is about a directory
 WATCH_ADD_FLAGS = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO
                    | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
                    | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
@@ -5490,7 +5587,7 @@ class DirectoryEvents:
             if watch is None or watch.dirty:
                 continue
             if text and watch.ignored is not None and watch.ignored(
-                    rel + "/" + text if rel else text, text):
+                    rel + "/" + text if rel else text, text, bool(mask & IN_ISDIR)):
                 continue
             watch.dirty = True
 
@@ -5904,7 +6001,7 @@ class GitRefWriter:
         if repo_key is None:
             # A .git was found but git does not accept it (damaged or foreign).
             self.log("no git repository for %r: %s" % (run.root, run.not_a_repo))
-            return self.skipped("not a git repo", error=run.not_a_repo, ok=True)
+            return self.skipped("not a git repo", error=run.not_a_repo)
         before = run.fingerprint() if self.verify else None
         try:
             result = self._create_ref(run, repo_key, store_dir, task_id, step_index,
@@ -7168,7 +7265,7 @@ class TaskSetup:
             raise InvalidArgument("name must be a non-empty string")
         exclude = PathPolicy.check_patterns(exclude)
         with workspace_lock(root):
-            self._refuse_inside_another(root)
+            self.workspaces.refuse_inside_another(root)
             moved = self._follow_moved_store(root)
             store_dir = self._init_store_dir(root, store)
             external = os.path.realpath(store_dir) != os.path.join(root, STORE_DIRNAME)
@@ -7183,22 +7280,6 @@ class TaskSetup:
         return {"task_id": ws.task_id, "name": ws.state["name"], "store": st.directory,
                 "store_is_external": external, "prev_suspended": prev_suspended,
                 "exclude": exclude, "note": note, "skipped_paths": skipped}, ws
-
-    def _refuse_inside_another(self, root):
-        """A root inside another workspace would give that workspace's files a
-        second store inside it: refused, naming the workspace, unless root
-        already has a store of its own."""
-        if (looks_like_store(os.path.join(root, STORE_DIRNAME))
-                or os.path.isfile(os.path.join(root, POINTER_NAME))):
-            return
-        enclosing = self.workspaces.enclosing(root)
-        if enclosing is not None:
-            outer, task_id, name = enclosing
-            raise Conflict("%r lies inside the workspace %r%s, whose store records this folder "
-                           "too: a task here would make a second store inside it. Pass root "
-                           "%r to work there (tc_init or tc_switch there for another task), "
-                           "or choose a folder outside it"
-                           % (root, outer, described_task(task_id, name), outer))
 
     def _follow_moved_store(self, root):
         """Workspaces.adopt_moved_tasks for the store root uses; its note."""
@@ -7617,8 +7698,8 @@ class Saving:
         A dict passed as walked receives "records", the store files whose
         change would change the answer (active task, state, index), "dirs",
         the directories the walk went through (see scan_tree), and "ignored",
-        a test (rel, name) -> True for paths whose changes are none of this
-        workspace's (excluded names, the store).
+        a test (rel, name, is_dir) -> True for paths whose changes are none
+        of this workspace's (excluded names, the store).
         """
         if walked is not None:
             walked["records"] = (ws.store.current_path, ws.records.state_path,
@@ -7632,7 +7713,8 @@ class Saving:
         dirs = None
         if walked is not None:
             dirs = walked["dirs"] = []
-            walked["ignored"] = lambda rel, name: policy.excluded(rel)
+            walked["ignored"] = lambda rel, name, is_dir: (
+                policy.excluded_folder(rel) if is_dir else policy.excluded(rel))
         scan = scan_tree(ws.root, policy, dirs)
         files = scan.files
         # A file's signature: its path and the five stat fields (size to
@@ -7694,7 +7776,9 @@ class Reporting:
     def _drifts_of_steps(self, ws, numbers, first, end):
         """The numbers of the drift records that belong to the steps
         numbers[first:end]: each drift record belongs to the newest step
-        made before it (those made before the first step, to the first)."""
+        made before it (those made before the first step, to the first),
+        but the drift record a save made of its changes, just before its
+        step, belongs to that step."""
         drifts = ws.records.drift_numbers()
         if not numbers or first >= len(numbers):
             return []
@@ -7714,7 +7798,18 @@ class Reporting:
 
         start = 0 if begin_ns is None else position(begin_ns)
         stop = len(drifts) if end_ns is None else position(end_ns)
-        return drifts[start:stop]
+        own = {self._save_drift(ws, n) for n in numbers[first:end]} - {None}
+        later = self._save_drift(ws, numbers[end]) if end < len(numbers) else None
+        return sorted((set(drifts[start:stop]) - {later}) | (own & set(drifts)))
+
+    @staticmethod
+    def _save_drift(ws, number):
+        """The number of the drift record step number's save made, or None."""
+        try:
+            drift_id = ws.records.read_step(number).get("drift_id")
+        except (CheckpointError, OSError):
+            return None
+        return int(drift_id[1:]) if isinstance(drift_id, str) and DRIFT_ID.match(drift_id) else None
 
     @staticmethod
     def _created(read, number):
@@ -7994,18 +8089,22 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     files); they are never touched, and neither is a path the workspace's
     policy excludes. unseen: the same kind of items for the paths the target
     record could not read when it was made; a file there is neither deleted
-    nor overwritten, but a missing one is written. Preview and apply compute
-    the same plan.
+    nor overwritten, but a missing one is written. With OLDER_NAMES among
+    them, a file the record's older name rules left out is not deleted
+    either. Preview and apply compute the same plan.
     """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
     not_seen = {item["path"]: item["reason"] for item in unseen}
+    older_names = OLDER_NAMES in unseen and policy is not None
     for path, have in sorted(current.items()):
         if path in target:
             continue
         left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
         if left:  # known only from an earlier record: never deleted unseen
             plan["unrestorable"].append({"path": path, "reason": left})
+        elif older_names and policy.left_out_before(path):
+            plan["unrestorable"].append({"path": path, "reason": OLDER_NAMES["reason"]})
         elif have.kind == KIND_SENSITIVE:
             plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
         elif have.kind == KIND_BIG:
@@ -8953,12 +9052,13 @@ class Importing:
         desc = load_package(package)
         task_id = desc["task"]["task_id"]
         with workspace_lock(root):  # no tc_init moves the workspace to another store meanwhile
+            self.workspaces.refuse_inside_another(root)
             store = self.workspaces.store(self.workspaces.store_dir_for(root))
             ws = Workspace(root, store, task_id, {"exclude": desc["task"].get("exclude") or []})
             refuse_foreign_paths(desc, self.policies.of(ws))
             new_store = not os.path.lexists(store.directory)
-            try:
-                with store.lock:
+            with store.lock:
+                try:
                     ws.need_writable()
                     if ws.records.exists() or os.path.lexists(ws.records.directory):
                         raise AlreadyExists("task %r already exists in the store %r; nothing "
@@ -8966,16 +9066,24 @@ class Importing:
                     self.workspaces.release_caches(keep=store)
                     self.policies.clear()
                     recovered, left = self._import_locked(ws, package, desc)
-            except BaseException:
-                # A refused import leaves the workspace as it was: a store it
-                # made goes again, unless a rollback still needs it (a journal
-                # left to retry, content kept of files not put back).
-                if new_store and not store.journal_dirs() and not os.path.lexists(
-                        os.path.join(store.directory, KEPT_DIRNAME)):
-                    remove_tree(store.directory)
-                    store.forget_caches()
-                raise
+                except BaseException:
+                    if new_store:
+                        self._remove_new_store(store)
+                    raise
         return {"task_id": task_id, "recovered": recovered, "skipped_paths": left}, ws
+
+    @staticmethod
+    def _remove_new_store(store):
+        """After a refused import into a workspace that had no store: the
+        store it made goes again (under the lock), so the workspace is as it
+        was; unless a rollback still needs it (a journal left to retry,
+        content kept of files not put back) or another call made a task in
+        it meanwhile."""
+        if (store.journal_dirs() or store.task_ids()
+                or os.path.lexists(os.path.join(store.directory, KEPT_DIRNAME))):
+            return
+        remove_tree(store.directory)
+        store.forget_caches()
 
     def _import_locked(self, ws, package, desc):
         """Journal, write and record an import; returns (the recovered drift

@@ -207,7 +207,8 @@ ROOT = s_str("Absolute path of the workspace directory (usually the project root
 TASK_ID = s_str("A task id returned by tc_init (or the task's exact name); defaults to the "
                 "workspace's active task.",
                 max_length=128, min_length=1)
-SWITCH_TASK_ID = s_str("The id (from tc_init) of the suspended task to make active.",
+SWITCH_TASK_ID = s_str("The id (from tc_init), or the exact name, of the suspended task to "
+                       "make active.",
                        max_length=128, min_length=1)
 AGENT = s_str("Who makes this call, when several agents share the task: a short label such "
               "as 'planner' or 'worker-2', kept on what the call records and shown by "
