@@ -7486,11 +7486,12 @@ def in_the_way(rel, left):
 
 
 def plan_without(plan, left):
-    """The plan less the paths in left (those an operation left as they were)."""
+    """The plan less the paths in left (those an operation left as they
+    were); its unrestorable items stay."""
     if not left:
         return plan
     left = set(left)
-    return {key: [rel for rel in value if rel not in left] if isinstance(value, list) else value
+    return {key: [rel for rel in value if rel not in left] if key != "unrestorable" else value
             for key, value in plan.items()}
 
 
