@@ -2050,13 +2050,39 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
             mode & 0o7777, in_sensitive or sensitive_file(name)))
 
 
-def scan_tree(root, policy, dirs=None):
+class PathScope:
+    """The files a restore of some paths covers: each path itself and
+    everything under it (paths: workspace-relative, in normal form)."""
+
+    def __init__(self, paths):
+        self.paths = tuple(sorted(set(paths)))
+        self._exact = frozenset(self.paths)
+        self._folders = tuple(path + "/" for path in self.paths)
+
+    def __contains__(self, rel):
+        return rel in self._exact or rel.startswith(self._folders)
+
+    def walks(self, prefix):
+        """Whether a scan lists the folder prefix (ending in "/"): it lies in
+        the scope, or on the way to one of its paths."""
+        return prefix.startswith(self._folders) or any(
+            path.startswith(prefix) for path in self.paths)
+
+    def covering(self, rel):
+        """The paths of the scope that rel is or lies under."""
+        return [path for path in self.paths if rel == path or rel.startswith(path + "/")]
+
+
+def scan_tree(root, policy, dirs=None, within=None):
     """Walk root without following symlinks; stat only, never read content.
 
     The hot loop of every save, capture and watcher tick: name decisions come
     from the policy's per-name caches, and nothing but one stat per file is
     asked of the file system. A list passed as dirs receives (rel, inode)
     of every directory walked, rel relative to root ("" for root itself).
+    within (a PathScope): only the folders on the way to its paths and
+    inside them are listed, and only its files (and what is skipped on the
+    way to them) are returned, so the walk costs what the scope holds.
     """
     started = time.time_ns()
     files, skipped, unreadable = {}, [], []
@@ -2085,10 +2111,13 @@ def scan_tree(root, policy, dirs=None):
             continue
         if dirs is not None:
             dirs.append((prefix[:-1], inode if inode is not None else _inode_or_zero(root)))
+        pending = len(stack)
         try:
             with it:
                 _take_listing(it, prefix, in_sensitive, device, policy,
                               (files, skipped, unreadable, stack))
+            if within is not None:
+                stack[pending:] = [item for item in stack[pending:] if within.walks(item[0])]
         except OSError as exc:  # the listing broke off partway
             if not prefix:
                 raise
@@ -2101,6 +2130,12 @@ def scan_tree(root, policy, dirs=None):
         finally:
             if fd is not None:
                 os.close(fd)
+    if within is not None:
+        files = {rel: info for rel, info in files.items() if rel in within}
+        skipped = [item for item in skipped
+                   if item["path"] in within or within.walks(item["path"] + "/")]
+        unreadable = [rel for rel in unreadable
+                      if rel.rstrip("/") in within or within.walks(rel.rstrip("/") + "/")]
     return ScanResult(files, skipped, started, unreadable)
 
 
@@ -6438,6 +6473,20 @@ def carry_unknown(paths, old_rows, old_entries, rows, entries):
                 entries[rel] = entry
 
 
+def rows_outside(within, index_doc, old_entries, rows, entries):
+    """Give every indexed file outside the scope within its index row and
+    entry, as a snapshot limited to the scope found them (it did not look).
+    A row its index could not vouch for (a time at or after the index's
+    stamp) gets a ctime no file has, so that a later stamp does not make it
+    trusted: the next scan reads that file."""
+    stamp = index_doc.get("stamp_ns", 0)
+    for rel, row in index_doc["files"].items():
+        if rel not in within:
+            rows[rel] = (row if row.mtime_ns < stamp and row.ctime_ns < stamp
+                         else row.unvouched())
+            entries[rel] = old_entries[rel]
+
+
 def seen_as(row):
     """What an operation checks a file against before it writes or removes
     it: (size, mtime) of its snapshot row, or None where the snapshot saw no
@@ -6510,23 +6559,28 @@ class Recorder:
                                   and row.ctime_ns < stamp_ns)
 
     @gc_paused
-    def snapshot(self, ws, *, store_content, strict=False):
+    def snapshot(self, ws, *, store_content, strict=False, within=None):
         """Entries and index rows of the workspace as it is now.
 
         Re-reads only files the stat cache cannot vouch for; stores content of
         what it reads when store_content is set (sensitive files never read).
         A file the cache vouches for keeps its old row and entry objects, so
         comparing the result with the index is mostly identity checks.
+        within (a PathScope): only the files in it are looked at; every other
+        file keeps its index row and entry (see rows_outside), so the result
+        describes them as last known.
         """
         # A preview writes nothing, not even the clock file; its rows are not kept.
         stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
                     else time.time_ns() - RACY_MARGIN_NS)
-        scan = scan_tree(ws.root, self.policies.of(ws))
+        scan = scan_tree(ws.root, self.policies.of(ws), within=within)
         index_doc = ws.records.read_index()
         old_rows = index_doc["files"]
         old_entries = ws.records.index_entries(index_doc)
         trusted = self.trust_test(index_doc.get("stamp_ns", 0), strict)
         entries, rows, to_read = vouched_rows(scan.files, old_rows, old_entries, trusted)
+        if within is not None:
+            rows_outside(within, index_doc, old_entries, rows, entries)
         skipped, created = list(scan.skipped), []
         reads = 0
 
@@ -7424,21 +7478,23 @@ def same_content(have, want):
     return have.sha == want.sha and not (have.mode ^ want.mode) & MODE_BITS_COMPARED
 
 
-def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):
+def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None,
+                 within=None):
     """What a restore to target changes in a workspace whose state is current.
 
     skipped: paths the scan passed over (unreadable, symlinks, special
     files); they are never touched, and neither is a path the workspace's
     policy excludes. unseen: the same kind of items for the paths the target
     record could not read when it was made; a file there is neither deleted
-    nor overwritten, but a missing one is written. Preview and apply compute
-    the same plan.
+    nor overwritten, but a missing one is written. within (a PathScope):
+    only its paths are planned; the other files of current still stand in
+    the way of what would be written. Preview and apply compute the same plan.
     """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
     not_seen = {item["path"]: item["reason"] for item in unseen}
     for path, have in sorted(current.items()):
-        if path in target:
+        if path in target or (within is not None and path not in within):
             continue
         left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
         if left:  # known only from an earlier record: never deleted unseen
@@ -7454,7 +7510,8 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
     for path, want in sorted(target.items()):
         have = current.get(path)
-        if have is not None and same_content(have, want):
+        if (have is not None and same_content(have, want)) or (
+                within is not None and path not in within):
             continue
         reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
                   or (have is not None and _left_in_place(path, not_seen))

@@ -316,8 +316,8 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         real_scan = tc.scan_tree
         done = []
 
-        def scan_then_change(root, policy, dirs=None):
-            result = real_scan(root, policy, dirs)
+        def scan_then_change(root, policy, dirs=None, **options):
+            result = real_scan(root, policy, dirs, **options)
             if root == self.root and not done:
                 done.append(True)
                 change()
