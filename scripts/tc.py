@@ -69,11 +69,13 @@ Code map (each section uses only the ones above it; the tests that cover it):
 from __future__ import annotations
 import collections
 import contextlib
+import difflib
 import errno
 import fnmatch
 import functools
 import gc
 import hashlib
+import itertools
 import json
 import operator
 import os
@@ -88,8 +90,8 @@ __version__ = "0.1.0"
 
 # What the adapter (tc_mcp.py) uses; the rest is this module's own.
 __all__ = ["__version__", "Checkpoints", "CheckpointError", "Config", "OS_ERROR_ADVICE",
-           "atomic_write", "cancel_event", "cancellable", "describe_os_error",
-           "traceback_text"]
+           "PATCH_LINE_LIMIT", "atomic_write", "cancel_event", "cancellable", "cut_patch",
+           "describe_os_error", "patch_lines", "traceback_text"]
 
 
 # ---------------------------------------------------------------------------
@@ -7206,6 +7208,151 @@ class Saving:
         return tuple(sorted(changed))
 
 
+# - - - File diffs: what a step changed, what a restore would change -------------
+
+DIFF_CONTEXT = 3  # lines of context around each change, as git shows them
+PATCH_LINE_LIMIT = 400  # lines of one patch in a result; the rest is counted
+DIFF_SIZE_LIMIT = 1 << 20  # a file over this many bytes gets no patch
+PATCH_CUT_LINE = "\\ ... %d more lines of this patch left out\n"
+_PATCH_CUT = re.compile(r"\\ \.\.\. ([0-9]+) more lines of this patch left out\n\Z")
+NO_NEWLINE_LINE = "\\ No newline at end of file\n"
+NO_CONTENT = "content not stored"
+
+# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
+# there a recorded mode is compared by its owner-write bit alone: a package
+# made on Linux does not read as changed on every file.
+MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
+
+
+def diff_lines(data):
+    """data as lines for a diff, each ending in "\n" but perhaps the last
+    (lines end at "\n" only, as git splits them); None when data is not
+    text: it holds a NUL byte or is not UTF-8."""
+    if b"\x00" in data:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    lines = text.split("\n")
+    last = lines.pop()
+    out = [line + "\n" for line in lines]
+    if last:
+        out.append(last)
+    return out
+
+
+def patch_lines(patch):
+    """A patch's lines, each with its "\n" (a patch line may hold a "\r")."""
+    return [line + "\n" for line in patch.split("\n")[:-1]]
+
+
+def cut_patch(patch, keep):
+    """patch cut to its first keep lines, then one line saying how many
+    were left out (counting those an earlier cut of it left out)."""
+    earlier = _PATCH_CUT.search(patch)
+    left = int(earlier.group(1)) if earlier else 0
+    lines = patch_lines(patch[:earlier.start()] if earlier else patch)
+    if len(lines) <= keep and not left:
+        return patch
+    left += max(0, len(lines) - keep)
+    return "".join(lines[:keep]) + PATCH_CUT_LINE % left
+
+
+def unified_patch(path, old_lines, new_lines):
+    """(patch, lines added, lines removed): difflib's unified diff from
+    old_lines (--- a/path) to new_lines (+++ b/path) with DIFF_CONTEXT lines
+    of context. A last line without its newline is followed by git's
+    "\\ No newline at end of file". Over PATCH_LINE_LIMIT lines the patch is
+    cut (cut_patch); the counts are of the whole diff."""
+    out, added, removed = [], 0, 0
+    for number, line in enumerate(difflib.unified_diff(
+            old_lines, new_lines, "a/" + path, "b/" + path, n=DIFF_CONTEXT)):
+        if number >= 2:  # after the two file lines
+            if line[:1] == "+":
+                added += 1
+            elif line[:1] == "-":
+                removed += 1
+        if line.endswith("\n"):
+            out.append(line)
+        else:
+            out.extend((line + "\n", NO_NEWLINE_LINE))
+    patch = "".join(out)
+    if len(out) > PATCH_LINE_LIMIT:
+        patch = cut_patch(patch, PATCH_LINE_LIMIT)
+    return patch, added, removed
+
+
+def read_for_diff(path, *, within=None, missing=NO_CONTENT):
+    """The bytes of the regular file path (read only inside within when
+    given), or why there are none: missing when it is not there, "over 1 MB"
+    when it grew past DIFF_SIZE_LIMIT, "unreadable: ..." otherwise."""
+    try:
+        fh, st = open_regular(path)
+        with fh:
+            if within is not None:
+                opened_within(fh.fd, st, None, within, path)
+            data = fh.read_all(min(st.st_size, DIFF_SIZE_LIMIT))
+    except FileNotFoundError:
+        return missing
+    except OSError as exc:
+        return "unreadable: %s" % describe_os_error(exc)
+    return "over 1 MB" if len(data) > DIFF_SIZE_LIMIT else data
+
+
+def change_entry(path, change, have, want, read_have, read_want):
+    """One entry of a diff: {path, change, added, removed, patch, reason}.
+
+    change: "write" (the file is new), "delete" or "replace"; have and want:
+    the ManifestEntry before and after (None where there is no file);
+    read_have and read_want: () -> the bytes of that side, or a str saying
+    why there are none. Nothing is read for a sensitive file or one over
+    DIFF_SIZE_LIMIT. A patch is null with reason "sensitive", "over 1 MB",
+    "binary" or why the content is missing; a change of the mode alone has
+    an empty patch and a reason saying so."""
+    entry = {"path": path, "change": change, "added": None, "removed": None, "patch": None,
+             "reason": None}
+    sides = [e for e in (have, want) if e is not None]
+    if any(e.kind == KIND_SENSITIVE for e in sides):
+        entry["reason"] = "sensitive"
+    elif any(e.kind == KIND_BIG or e.size > DIFF_SIZE_LIMIT for e in sides):
+        entry["reason"] = "over 1 MB"
+    else:
+        old = read_have() if have is not None else b""
+        new = read_want() if want is not None else b""
+        unavailable = [side for side in (old, new) if isinstance(side, str)]
+        if unavailable:
+            entry["reason"] = unavailable[0]
+        else:
+            old_lines, new_lines = diff_lines(old), diff_lines(new)
+            if old_lines is None or new_lines is None:
+                entry["reason"] = "binary"
+            else:
+                entry["patch"], entry["added"], entry["removed"] = unified_patch(
+                    path, old_lines, new_lines)
+    if have is not None and want is not None and (have.mode ^ want.mode) & MODE_BITS_COMPARED:
+        mode = "mode %o -> %o" % (have.mode, want.mode)
+        if entry["patch"] == "":
+            mode = "mode only: %o -> %o" % (have.mode, want.mode)
+        entry["reason"] = mode if entry["reason"] is None else entry["reason"] + "; " + mode
+    return entry
+
+
+def records_diff(payloads, old, new):
+    """The diff from one recorded file map to another (both from the store)."""
+    added, modified, deleted = diff_maps(old, new)
+    changes = [(rel, "write") for rel in added] + [(rel, "replace") for rel in modified] + [
+        (rel, "delete") for rel in deleted]
+
+    def stored(entry):
+        return lambda: read_for_diff(payloads.path(entry.sha))
+
+    return [change_entry(rel, change, old.get(rel), new.get(rel),
+                         stored(old[rel]) if rel in old else None,
+                         stored(new[rel]) if rel in new else None)
+            for rel, change in sorted(changes)]
+
+
 # - - - 15.3 Show and resume: tc_show, tc_resume ------------------------------
 
 class Reporting:
@@ -7216,14 +7363,25 @@ class Reporting:
         self.recorder = recorder
         self.policies = recorder.policies
 
-    def show(self, ws, *, index, include_drift, limit, cursor):
-        """A page of ws's steps (and drift records), or one step with its files (under the lock)."""
+    @staticmethod
+    def check_show(index, diff):
+        """Refuse a show's arguments before anything is resolved."""
+        if diff and index is None:
+            raise InvalidArgument("diff needs index: tc_show with index N and diff: true "
+                                  "shows what step N changed against the step before it")
+
+    def show(self, ws, *, index, include_drift, limit, cursor, diff=False):
+        """A page of ws's steps (and drift records), or one step with its files
+        (under the lock); with diff, also what that step changed."""
         ws.follow_active()
         state = ws.records.read_state()
+        changes = None
         if index is not None:
             ws.records.check_step_number(index, state["last_step"])
             step = ws.records.read_step(index)
             files = ws.records.manifests.load(step["manifest"])
+            if diff:
+                changes = records_diff(ws.store.payloads, self._before_step(ws, index), files)
             paths = sorted(files)[cursor:cursor + limit]
             steps = [self._step_view(step, state, files={p: files[p] for p in paths})]
             steps[0]["file_count"] = len(files)
@@ -7244,9 +7402,26 @@ class Reporting:
                 "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in page]
             if cursor + limit < len(drift_numbers):
                 next_cursor = cursor + limit
-        return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
-                "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
-                "total_steps": len(numbers) if index is None else None}
+        result = {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
+                  "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
+                  "total_steps": len(numbers) if index is None else None}
+        if changes is not None:
+            result["diff"] = changes
+        return result
+
+    @staticmethod
+    def _before_step(ws, index):
+        """The files as they were before step index: the step before it, or
+        for the first step the task's baseline (empty when it has none, as
+        an imported task)."""
+        if index > 1:
+            return ws.records.manifests.load(ws.records.read_step(index - 1)["manifest"])
+        try:
+            baseline = ws.records.read_drift("d0001")
+        except NotFound:
+            return {}
+        return (ws.records.manifests.load(baseline["manifest"])
+                if baseline.get("kind") == "baseline" else {})
 
     @staticmethod
     def _listed(view, stub):
@@ -7463,12 +7638,6 @@ class Reporting:
 
 
 # - - - 15.4 Restore: the planner, then tc_restore ----------------------------
-
-# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
-# there a recorded mode is compared by its owner-write bit alone: a package
-# made on Linux does not read as changed on every file.
-MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
-
 
 def same_content(have, want):
     if have.kind != want.kind:
@@ -8528,11 +8697,13 @@ class Checkpoints:
             self._reset_watcher(ws)
         return result
 
-    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
+    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0,
+             diff=False):
+        Reporting.check_show(index, diff)
         ws = self.workspaces.resolve(root, task_id)
         with ws.store.lock:
             result = self.reporting.show(ws, index=index, include_drift=include_drift,
-                                         limit=limit, cursor=cursor)
+                                         limit=limit, cursor=cursor, diff=bool(diff))
         self._watch(ws.root, ws.store)
         return result
 

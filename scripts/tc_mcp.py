@@ -212,6 +212,19 @@ OMITTED = {"type": "object", "additionalProperties": {"type": "integer", "minimu
                           "keep everything."
                           % (RESULT_LIST_LIMIT, DRIFT_LIST_LIMIT, DRIFT_PAGE_LIMIT,
                              RESULT_BUDGET, TEXT_ITEMS_LIMIT, TEXT_BUDGET)}
+DIFF = {"type": "array", "description": "One entry per changed file, by path: change "
+        "'write' (new), 'delete' or 'replace'; added and removed count lines; patch is a "
+        "unified diff (3 lines of context, --- a/<path> before, +++ b/<path> after) cut "
+        "after %d lines with a line saying how many were left out, or null with reason "
+        "'binary', 'sensitive', 'over 1 MB' or why the content is missing; a change of the "
+        "mode alone has an empty patch and its reason. Entries that would take the result "
+        "over %d bytes are left out and counted in omitted.diff." % (tc.PATCH_LINE_LIMIT,
+                                                                      RESULT_BUDGET),
+        "items": {"type": "object", "properties": {
+            "path": {"type": "string"}, "change": {"enum": ["write", "delete", "replace"]},
+            "added": {"type": ["integer", "null"]}, "removed": {"type": ["integer", "null"]},
+            "patch": NULLABLE_STR, "reason": NULLABLE_STR},
+            "required": ["path", "change", "added", "removed", "patch", "reason"]}}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -248,7 +261,7 @@ def call_capture(cp, a):
 
 def call_show(cp, a):
     return cp.show(a["root"], **present(a, "task_id", "index", "include_drift", "limit",
-                                        "cursor"))
+                                        "cursor", "diff"))
 
 
 def call_restore(cp, a):
@@ -300,7 +313,9 @@ class Tool(NamedTuple):
     arguments fit input and have the schema's defaults filled in (see
     normalized), so a handler never restates a default. long_lists: the
     lists of a result fit_result cuts, by place ("plan.to_write"); None for
-    a result that is passed on whole."""
+    a result that is passed on whole. byte_lists: top-level lists of large
+    entries (a diff's patches) that get the room the rest of the result
+    leaves, entry by entry (see fit_entries)."""
 
     hints: Hints
     description: str
@@ -308,6 +323,7 @@ class Tool(NamedTuple):
     output: dict
     handler: Callable[[tc.Checkpoints, dict], dict]
     long_lists: tuple[str, ...] | None = None
+    byte_lists: tuple[str, ...] = ()
 
 
 # The one place a tool is declared: tools/list, the argument checks, the
@@ -384,7 +400,8 @@ TOOLS = {
     "tc_show": Tool(
         hints=Hints("List steps and drift records", read_only=True, idempotent=True),
         description="List the task's steps (and drift records), newest last, a page at a "
-                    "time; index shows one step with its files.",
+                    "time; index shows one step with its files, and with diff: true what "
+                    "that step changed.",
         input=s_obj({
             "root": ROOT, "task_id": TASK_ID,
             "index": s_int("Show this step with its files.", minimum=1),
@@ -392,14 +409,18 @@ TOOLS = {
             "limit": s_int("Items per page.", minimum=1, maximum=200, default=50),
             "cursor": s_int("Where the page starts (next_cursor of the previous page).",
                             minimum=0, default=0),
+            "diff": s_bool("With index: add 'diff', what that step changed against the step "
+                           "before it (the first step against the task's baseline)."),
         }, ["root"]),
         output=s_out({
             "steps": {"type": "array"}, "drifts": {"type": "array"},
             "head": {"type": "integer"}, "next_cursor": {"type": ["integer", "null"]},
-            "task_id": {"type": "string"}, "status": {"type": "string"}, "omitted": OMITTED},
+            "task_id": {"type": "string"}, "status": {"type": "string"}, "diff": DIFF,
+            "omitted": OMITTED},
             ["steps", "drifts", "head", "next_cursor", "omitted"]),
         handler=call_show,
         long_lists=(),  # each listed drift's added, modified and deleted (steps come in pages)
+        byte_lists=("diff",),
     ),
     "tc_restore": Tool(
         hints=Hints("Restore a step or a drift record", destructive=True),
@@ -634,11 +655,14 @@ def fit_result(name, result):
     (bound_texts); the list limits are then halved, not below LIST_FLOOR,
     while the result's JSON is over RESULT_BUDGET bytes: long paths or long
     texts must not push a result past what a client passes on to the model.
-    What is not in these lists (a page of steps) can keep it over."""
+    What is not in these lists (a page of steps) can keep it over. A list of
+    large entries (the tool's byte_lists: a diff) then gets the room the
+    rest leaves under RESULT_BUDGET (fit_entries)."""
     tool = TOOLS.get(name)
     if tool is None or tool.long_lists is None or not isinstance(result, dict):
         return result
     result = dict(result)
+    sized = {key: result.pop(key) for key in tool.byte_lists if isinstance(result.get(key), list)}
     texts_omitted = {}
     if name in ("tc_resume", "tc_show"):
         handoff = result.get("handoff")
@@ -655,8 +679,54 @@ def fit_result(name, result):
             bounded, omitted = shorter, more
             size = encoded_size(bounded)
     omitted.update(texts_omitted)
+    for key, entries in sized.items():
+        room = RESULT_BUDGET - size - OMITTED_ROOM
+        bounded[key], left_out = fit_entries(entries, room)
+        size += encoded_size(bounded[key])
+        if left_out:
+            omitted[key] = left_out
     bounded["omitted"] = omitted
     return bounded
+
+
+OMITTED_ROOM = 1_000  # bytes kept for "omitted" when the room of a byte list is shared out
+
+
+def fit_entries(entries, room):
+    """(the first entries whose JSON fits room bytes, at most RESULT_LIST_LIMIT
+    of them; how many were left out). The first entry that does not fit
+    whole keeps as many lines of its patch as fit, its last line saying how
+    many it left out; the entries after it are left out."""
+    kept = []
+    room -= 2  # the list's brackets
+    for entry in entries[:RESULT_LIST_LIMIT]:
+        size = encoded_size(entry) + 2  # and a separator
+        if size <= room:
+            kept.append(entry)
+            room -= size
+            continue
+        shorter = shorter_patch(entry, room - 2)
+        if shorter is not None:
+            kept.append(shorter)
+        break
+    return kept, len(entries) - len(kept)
+
+
+def shorter_patch(entry, room):
+    """entry with its patch cut to the most lines that fit room bytes, or
+    None when not even its file lines fit."""
+    patch = entry.get("patch") if isinstance(entry, dict) else None
+    if not isinstance(patch, str):
+        return None
+    low, high, best = 2, len(tc.patch_lines(patch)), None
+    while low <= high:  # the most lines kept whose entry fits
+        middle = (low + high) // 2
+        candidate = dict(entry, patch=tc.cut_patch(patch, middle))
+        if encoded_size(candidate) <= room:
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
 
 
 def encoded_size(result):
