@@ -265,7 +265,8 @@ def call_show(cp, a):
 
 
 def call_restore(cp, a):
-    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply"))
+    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply", "task_id", "paths",
+                                           "diff", "plan_id"))
 
 
 def call_resume(cp, a):
@@ -425,23 +426,61 @@ TOOLS = {
     "tc_restore": Tool(
         hints=Hints("Restore a step or a drift record", destructive=True),
         description="Roll the workspace back (or forward) to a step (index) or a drift "
-                    "record (drift_id). apply: false previews the plan; apply: true does it "
-                    "and returns 'recovered', the drift id that undoes it.",
+                    "record (drift_id) of the active task, or of the task task_id names (a "
+                    "closed one too: its files are written here and the undo is recorded "
+                    "in the open task). paths limits it to some files and folders. "
+                    "apply: false previews the plan (diff: true adds each file's diff); "
+                    "apply: true with the preview's plan_id does it only if nothing changed "
+                    "since, and returns 'recovered', the drift id that undoes it, a "
+                    "'receipt' of the files read back, the steps it 'voided' and a 'note' "
+                    "to paste into the conversation.",
         input=s_obj({
             "root": ROOT,
             "index": s_int("Step number to restore.", minimum=1),
             "drift_id": s_str("Drift record to restore, e.g. 'd0003'.", max_length=32,
                               min_length=1),
             "apply": s_bool("false: preview only; true: change the workspace."),
+            "task_id": s_str("The task whose step or drift record is restored; defaults to "
+                             "the active task. Another task of this workspace (a closed one "
+                             "included) is left unchanged: the restore is recorded in the "
+                             "open task.", max_length=128, min_length=1),
+            "paths": s_list("Restore only these workspace-relative files or folders "
+                            "('/'-separated, a folder meaning everything under it); every "
+                            "other file stays as it is and the head does not move.",
+                            item_length=PATH_LIMIT),
+            "diff": s_bool("Add 'diff': for each planned file, a unified diff from the "
+                           "workspace now to the target."),
+            "plan_id": s_str("With apply: true, the plan_id its preview returned: refused, "
+                             "with nothing written, when the plan is no longer the same.",
+                             max_length=64, min_length=64),
         }, ["root"]),
         output=s_out({
             "applied": {"type": "boolean"}, "recovered": NULLABLE_STR, "plan": PLAN,
             "skipped_paths": SKIPPED, "head": {"type": "integer"}, "target": {"type": "string"},
-            "omitted": OMITTED},
-            ["applied", "recovered", "plan", "skipped_paths", "omitted"]),
+            "plan_id": {"type": "string", "description": "A digest of the target and of the "
+                        "current state of every planned path; pass it with apply: true."},
+            "receipt": {"type": ["object", "null"], "description": "After an apply (null "
+                        "for a preview): verified counts the files read back as restored "
+                        "(or found gone); mismatched lists the others, which tc_resume's "
+                        "health names until the next save.", "properties": {
+                            "verified": {"type": "integer"}, "mismatched": SKIPPED},
+                        "required": ["verified", "mismatched"]},
+            "voided": {"type": "array", "description": "The steps after the target up to the "
+                       "head it replaces, newest first: their conclusions no longer describe "
+                       "the files on disk. Empty for a drift, paths or other task's restore.",
+                       "items": {"type": "object", "properties": {
+                           "index": {"type": "integer"}, "title": {"type": "string"},
+                           "conclusion": {"type": "string"}},
+                           "required": ["index", "title", "conclusion"]}},
+            "note": {"type": "string", "description": "Plain lines to paste into the "
+                     "conversation: what was restored, which steps it undid, how to undo it."},
+            "diff": DIFF, "omitted": OMITTED},
+            ["applied", "recovered", "plan", "skipped_paths", "plan_id", "receipt", "voided",
+             "note", "omitted"]),
         handler=call_restore,
         long_lists=("skipped_paths", "plan.to_delete", "plan.to_write",
-                    "plan.to_replace", "plan.unrestorable"),
+                    "plan.to_replace", "plan.unrestorable", "voided", "receipt.mismatched"),
+        byte_lists=("diff",),
     ),
     "tc_resume": Tool(
         hints=Hints("Pick the task up", read_only=True, idempotent=True),
@@ -751,10 +790,11 @@ def cut_lists(name, result, limit):
         *parents, key = label.split(".")
         for part in parents:
             child = holder.get(part)
-            child = dict(child) if isinstance(child, dict) else {}
-            holder[part] = child
-            holder = child
-        cut(holder, key, label)
+            if not isinstance(child, dict):  # (a null receipt) nothing to cut
+                break
+            holder[part] = holder = dict(child)
+        else:
+            cut(holder, key, label)
     if name == "tc_show" and isinstance(result.get("drifts"), list):
         room = DRIFT_PAGE_LIMIT * limit // RESULT_LIST_LIMIT
         drifts = []
