@@ -23,7 +23,8 @@ Store layout (default ``<workspace>/.checkpoints``)::
     git/                       cached git object ids of each task's last checkpoint
     tasks/<id>/state.json, steps/sNNNN.json, drifts/dNNNN.json,
                manifest/mNNNN.json (delta chain, full anchor every 20),
-               index.json + index.log (stat cache: table + appended changes)
+               index.json + index.log (stat cache: table + appended changes),
+               receipt.json (files a restore's read-back found changed; until a save)
 
 Guarantees: every store file is written atomically; every mutation happens
 under the store lock; content is written before what points at it; a restore
@@ -62,7 +63,8 @@ Code map (each section uses only the ones above it; the tests that cover it):
     test_drift).
 15. Operations, one class each: TaskSetup, Saving, Reporting, Restoring
     (with plan_restore), Compaction, Exporting, Importing (test_tools,
-    test_restore, test_handoff, test_drift).
+    test_restore, test_restore_paths, test_handoff, test_drift); file
+    diffs for tc_show and tc_restore before Reporting (test_diff).
 16. Checkpoints: the facade the adapter calls (test_tools, test_protocol).
 """
 

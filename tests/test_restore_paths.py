@@ -10,6 +10,7 @@ real code path, as tests/test_races.py does.
 
 import os
 import sys
+import unittest
 
 import support
 from support import EditedMeanwhileTest, ToolsTest, paths_of, snapshot
@@ -246,6 +247,25 @@ class Receipt(EditedMeanwhileTest):
         self.assertEqual(self.cp.resume(self.root)["health"]["errors"], [])
 
 
+class SkillTeachesIt(unittest.TestCase):
+    """What an agent reads first says how to restore with all this."""
+
+    def section(self, text, title):
+        start = text.index("\n## " + title)
+        end = text.find("\n## ", start + 1)
+        return text[start:end if end > 0 else len(text)]
+
+    def test_preview_with_diff_apply_with_plan_id_paste_the_note_and_go_back_after_a_close(self):
+        with open(os.path.join(support.REPO, "SKILL.md"), encoding="utf-8") as fh:
+            skill = fh.read()
+        restoring = self.section(skill, "Restoring")
+        for words in ("`diff: true`", "`plan_id`", "`note`", "paste", "`paths`", "`voided`",
+                      "`receipt.mismatched`"):
+            self.assertIn(words, restoring)
+        closing = self.section(skill, "Closing")
+        for words in ("fix forward", "`tc_init`", "`task_id`", "closed"):
+            self.assertIn(words, closing)
+
+
 if __name__ == "__main__":
-    import unittest
     unittest.main()
