@@ -7303,22 +7303,17 @@ def unified_patch(path, old_lines, new_lines):
     of context. A last line without its newline is followed by git's
     "\\ No newline at end of file". Over PATCH_LINE_LIMIT lines the patch is
     cut (cut_patch); the counts are of the whole diff."""
-    out, added, removed = [], 0, 0
-    for number, line in enumerate(difflib.unified_diff(
-            old_lines, new_lines, "a/" + path, "b/" + path, n=DIFF_CONTEXT)):
-        if number >= 2:  # after the two file lines
-            if line[:1] == "+":
-                added += 1
-            elif line[:1] == "-":
-                removed += 1
-        if line.endswith("\n"):
-            out.append(line)
-        else:
-            out.extend((line + "\n", NO_NEWLINE_LINE))
+    out = list(difflib.unified_diff(old_lines, new_lines, "a/" + path, "b/" + path,
+                                    n=DIFF_CONTEXT))
+    # Counted and joined by C loops: a patch of a long file has many lines.
+    signs = collections.Counter(map(operator.itemgetter(0), out[2:]))  # after the file lines
     patch = "".join(out)
-    if len(out) > PATCH_LINE_LIMIT:
+    if patch.count("\n") != len(out):  # a last line without its newline (at most two)
+        out = [line if line.endswith("\n") else line + "\n" + NO_NEWLINE_LINE for line in out]
+        patch = "".join(out)
+    if patch.count("\n") > PATCH_LINE_LIMIT:
         patch = cut_patch(patch, PATCH_LINE_LIMIT)
-    return patch, added, removed
+    return patch, signs["+"], signs["-"]
 
 
 def read_for_diff(path, *, within=None, missing=NO_CONTENT):
