@@ -2085,8 +2085,9 @@ def scan_tree(root, policy, dirs=None, within=None):
     asked of the file system. A list passed as dirs receives (rel, inode)
     of every directory walked, rel relative to root ("" for root itself).
     within (a PathScope): only the folders on the way to its paths and
-    inside them are listed, and only its files (and what is skipped on the
-    way to them) are returned, so the walk costs what the scope holds.
+    inside them are listed, and only its files (and what stands or is
+    skipped on the way to them) are returned, so the walk costs what the
+    scope holds.
     """
     started = time.time_ns()
     files, skipped, unreadable = {}, [], []
@@ -2134,8 +2135,9 @@ def scan_tree(root, policy, dirs=None, within=None):
         finally:
             if fd is not None:
                 os.close(fd)
-    if within is not None:
-        files = {rel: info for rel, info in files.items() if rel in within}
+    if within is not None:  # its files, and a file standing where a folder of it must go
+        files = {rel: info for rel, info in files.items()
+                 if rel in within or within.walks(rel + "/")}
         skipped = [item for item in skipped
                    if item["path"] in within or within.walks(item["path"] + "/")]
         unreadable = [rel for rel in unreadable
@@ -6507,14 +6509,14 @@ def carry_unknown(paths, old_rows, old_entries, rows, entries):
 
 
 def rows_outside(within, index_doc, old_entries, rows, entries):
-    """Give every indexed file outside the scope within its index row and
-    entry, as a snapshot limited to the scope found them (it did not look).
+    """Give every indexed file outside the scope within that the snapshot
+    did not look at its index row and entry, as last known.
     A row its index could not vouch for (a time at or after the index's
     stamp) gets a ctime no file has, so that a later stamp does not make it
     trusted: the next scan reads that file."""
     stamp = index_doc.get("stamp_ns", 0)
     for rel, row in index_doc["files"].items():
-        if rel not in within:
+        if rel not in rows and rel not in within:
             rows[rel] = (row if row.mtime_ns < stamp and row.ctime_ns < stamp
                          else row.unvouched())
             entries[rel] = old_entries[rel]
@@ -8029,7 +8031,8 @@ class Restoring:
                     "manifest": target_no, "paths": list(scope.paths) if scope else None,
                     "head": base.state["head"] if same and self._open(base) else None}
         snap, plan, computed = self._bound_plan(base, source, target, record, index, unseen,
-                                                scope, identity, apply=apply, plan_id=plan_id)
+                                                scope, identity, apply=apply, plan_id=plan_id,
+                                                check_named=paths is not None)
         changes = self._diff(base, plan, snap.entries, target) if diff else None
         head_after = self._head_after(base, same, scope, index, record)
         voided = (self._voided(source, index, base.state["head"])
@@ -8061,13 +8064,14 @@ class Restoring:
         return result
 
     def _bound_plan(self, base, source, target, record, index, unseen, scope, identity, *,
-                    apply, plan_id):
+                    apply, plan_id, check_named):
         """(snapshot, plan, plan id) of a restore to target, read as base's
-        workspace; an apply whose plan_id differs is refused here, before
-        anything is written (what the snapshot stored is removed again)."""
+        workspace; an apply whose plan_id differs, or (check_named) a path
+        given that names nothing, is refused here, before anything is
+        written (what the snapshot stored is removed again)."""
         snap = self.recorder.snapshot(base, store_content=apply, strict=True, within=scope)
         try:
-            if scope is not None:
+            if check_named:
                 self._check_named(scope, target, snap, record, index, source)
             plan = plan_restore(target, snap.entries, base.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,

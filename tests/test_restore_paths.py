@@ -99,6 +99,19 @@ class PathsRestore(RestoreTrustTest):
         self.assertFalse(os.path.exists(os.path.join(self.root, "src", "new.py")))
         self.assertEqual(self.read("a.txt"), b"a unsaved\n")
 
+    def test_a_file_outside_the_paths_in_the_way_of_them_stays_and_says_so(self):
+        self.init(name="in the way")
+        self.write("y/in.txt", "in the folder y\n")
+        self.save("one")
+        os.remove(os.path.join(self.root, "y", "in.txt"))
+        os.rmdir(os.path.join(self.root, "y"))
+        self.write("y", "a file named y now\n")
+        res = self.restore(index=1, paths=["y/in.txt"], apply=True)
+        self.assertEqual(res["plan"]["unrestorable"],
+                         [{"path": "y/in.txt", "reason": "blocked by the file 'y' that stays "
+                                                         "in place"}])
+        self.assertEqual(self.read("y"), b"a file named y now\n")
+
     def test_typos_escapes_and_left_out_paths_are_refused_with_nothing_written(self):
         self.two_steps()
         self.write(".env", "TOKEN=1\n")
