@@ -7704,8 +7704,12 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
     not_seen = {item["path"]: item["reason"] for item in unseen}
-    for path, have in sorted(current.items()):
-        if path in target or (within is not None and path not in within):
+    # Within a scope, a file under a planned path is planned too: the files
+    # outside it matter only where they stand on a planned path's way.
+    planned = current if within is None else {p: e for p, e in current.items() if p in within}
+    wanted = target if within is None else {p: e for p, e in target.items() if p in within}
+    for path, have in sorted(planned.items()):
+        if path in target:
             continue
         left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
         if left:  # known only from an earlier record: never deleted unseen
@@ -7718,11 +7722,10 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         else:
             plan["to_delete"].append(path)
     deleted = set(plan["to_delete"])
-    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
-    for path, want in sorted(target.items()):
+    kept_dirs = ancestors([p for p in planned if p not in deleted] + list(untouchable))
+    for path, want in sorted(wanted.items()):
         have = current.get(path)
-        if (have is not None and same_content(have, want)) or (
-                within is not None and path not in within):
+        if have is not None and same_content(have, want):
             continue
         reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
                   or (have is not None and _left_in_place(path, not_seen))
