@@ -24,7 +24,8 @@ Store layout (default ``<workspace>/.checkpoints``)::
     git/                       cached git object ids of each task's last checkpoint
     tasks/<id>/state.json, steps/sNNNN.json, drifts/dNNNN.json,
                manifest/mNNNN.json (delta chain, full anchor every 20),
-               index.json + index.log (stat cache: table + appended changes)
+               index.json + index.log (stat cache: table + appended changes),
+               receipt.json (files a restore's read-back found changed; until a save)
 
 Guarantees: every store file is written atomically; every mutation happens
 under the store lock; content is written before what points at it; a restore
@@ -63,18 +64,21 @@ Code map (each section uses only the ones above it; the tests that cover it):
     test_drift).
 15. Operations, one class each: TaskSetup, Saving, Reporting, Restoring
     (with plan_restore), Compaction, Exporting, Importing (test_tools,
-    test_restore, test_handoff, test_drift).
+    test_restore, test_restore_paths, test_handoff, test_drift); file
+    diffs for tc_show and tc_restore before Reporting (test_diff).
 16. Checkpoints: the facade the adapter calls (test_tools, test_protocol).
 """
 
 from __future__ import annotations
 import collections
 import contextlib
+import difflib
 import errno
 import fnmatch
 import functools
 import gc
 import hashlib
+import itertools
 import json
 import operator
 import os
@@ -89,8 +93,9 @@ __version__ = "0.1.0"
 
 # What the adapter (tc_mcp.py) uses; the rest is this module's own.
 __all__ = ["__version__", "AGENT_LIMIT", "Checkpoints", "CheckpointError", "Config",
-           "LABEL_LIMIT", "NotFound", "OS_ERROR_ADVICE", "TaskClosed", "atomic_write",
-           "cancel_event", "cancellable", "describe_os_error", "traceback_text"]
+           "LABEL_LIMIT", "NotFound", "OS_ERROR_ADVICE", "PATCH_LINE_LIMIT", "TaskClosed",
+           "atomic_write", "cancel_event", "cancellable", "cut_patch", "describe_os_error",
+           "patch_lines", "traceback_text"]
 
 
 # ---------------------------------------------------------------------------
@@ -2195,13 +2200,40 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
             mode & 0o7777, in_sensitive or sensitive_file(name)))
 
 
-def scan_tree(root, policy, dirs=None):
+class PathScope:
+    """The files a restore of some paths covers: each path itself and
+    everything under it (paths: workspace-relative, in normal form)."""
+
+    def __init__(self, paths):
+        self.paths = tuple(sorted(set(paths)))
+        self._exact = frozenset(self.paths)
+        self._folders = tuple(path + "/" for path in self.paths)
+
+    def __contains__(self, rel):
+        return rel in self._exact or rel.startswith(self._folders)
+
+    def walks(self, prefix):
+        """Whether a scan lists the folder prefix (ending in "/"): it lies in
+        the scope, or on the way to one of its paths."""
+        return prefix.startswith(self._folders) or any(
+            path.startswith(prefix) for path in self.paths)
+
+    def covering(self, rel):
+        """The paths of the scope that rel is or lies under."""
+        return [path for path in self.paths if rel == path or rel.startswith(path + "/")]
+
+
+def scan_tree(root, policy, dirs=None, within=None):
     """Walk root without following symlinks; stat only, never read content.
 
     The hot loop of every save, capture and watcher tick: name decisions come
     from the policy's per-name caches, and nothing but one stat per file is
     asked of the file system. A list passed as dirs receives (rel, inode)
     of every directory walked, rel relative to root ("" for root itself).
+    within (a PathScope): only the folders on the way to its paths and
+    inside them are listed, and only its files (and what stands or is
+    skipped on the way to them) are returned, so the walk costs what the
+    scope holds.
     """
     started = time.time_ns()
     files, skipped, unreadable, left_out = {}, [], [], []
@@ -2230,10 +2262,13 @@ def scan_tree(root, policy, dirs=None):
             continue
         if dirs is not None:
             dirs.append((prefix[:-1], inode if inode is not None else _inode_or_zero(root)))
+        pending = len(stack)
         try:
             with it:
                 _take_listing(it, prefix, in_sensitive, device, policy,
                               (files, skipped, unreadable, stack, left_out))
+            if within is not None:
+                stack[pending:] = [item for item in stack[pending:] if within.walks(item[0])]
         except OSError as exc:  # the listing broke off partway
             if not prefix:
                 raise
@@ -2246,6 +2281,13 @@ def scan_tree(root, policy, dirs=None):
         finally:
             if fd is not None:
                 os.close(fd)
+    if within is not None:  # its files, and a file standing where a folder of it must go
+        files = {rel: info for rel, info in files.items()
+                 if rel in within or within.walks(rel + "/")}
+        skipped = [item for item in skipped
+                   if item["path"] in within or within.walks(item["path"] + "/")]
+        unreadable = [rel for rel in unreadable
+                      if rel.rstrip("/") in within or within.walks(rel.rstrip("/") + "/")]
     return ScanResult(files, skipped, started, unreadable, left_out)
 
 
@@ -3130,7 +3172,8 @@ DRIFT_SHAPE = ({"id": _text, "kind": _text, "manifest": _whole, "added": _texts,
                {"partial": lambda v: type(v) is bool, "compressed": lambda v: type(v) is bool,
                 "unrestorable": _texts, "head_before": lambda v: v is None or _whole(v),
                 "reason": lambda v: v is None or _text(v), "created": _text,
-                "unseen": _texts, "agent": agent_ok, "label": _text, "names": _whole})
+                "unseen": _texts, "agent": agent_ok, "label": _text, "names": _whole,
+                "paths": _texts})
 MANIFEST_SHAPE = ({"full": lambda v: type(v) is bool},
                   {"n": _whole, "depth": _whole, "base": _whole,
                    "files": lambda v: (type(v) is dict and rel_paths_ok(v)
@@ -3277,9 +3320,13 @@ def make_step(*, index, title, description, conclusion, next_step, verified,
 
 
 def make_drift(*, number, kind, manifest, added, modified, deleted, partial=False,
-               head_before=None, reason=None, unseen=(), agent=None, label=None):
+               head_before=None, reason=None, unseen=(), agent=None, label=None,
+               paths=None):
     """A drift record; label (a capture's own words, e.g. the command a hook
-    saw about to run) is stored only when given."""
+    saw about to run) is stored only when given. paths: the paths a restore
+    of some paths changed (its recovered record holds them as they were,
+    and restoring it restores only them); None for a record of the whole
+    workspace."""
     drift = with_agent(with_unseen({
         "id": "d%04d" % number, "kind": kind, "manifest": manifest,
         "added": added, "modified": modified, "deleted": deleted,
@@ -3289,6 +3336,8 @@ def make_drift(*, number, kind, manifest, added, modified, deleted, partial=Fals
     }, unseen), agent)
     if label:
         drift["label"] = label
+    if paths is not None:
+        drift["paths"] = list(paths)
     return drift
 
 
@@ -3389,6 +3438,29 @@ class TaskRecords:
                 raise named_after(exc, self.state_path) from None
             raise
         fsync_dir(os.path.dirname(self.state_path), strict=True)
+
+    @property
+    def receipt_path(self):
+        """Present only while the last restore's read-back found files that
+        are not as it wrote them; the next save removes it."""
+        return os.path.join(self.directory, "receipt.json")
+
+    def read_receipt(self):
+        """The mismatches a restore's read-back left on record, or None."""
+        try:
+            doc = read_json_or(self.receipt_path, None)
+        except (StoreCorrupt, OSError):
+            doc = {}
+        if doc is None:
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("mismatched"), list):
+            return {"recovered": None, "count": 1, "mismatched": [
+                {"path": self.receipt_path, "reason": "this record of them is damaged"}]}
+        return doc
+
+    def clear_receipt(self):
+        if os.path.lexists(self.receipt_path):
+            remove_file(self.receipt_path)
 
     def check_step_number(self, index, last_step):
         """NotFound, before any file is named after it, for a step number
@@ -6919,6 +6991,20 @@ def carry_unknown(paths, old_rows, old_entries, rows, entries):
                 entries[rel] = entry
 
 
+def rows_outside(within, index_doc, old_entries, rows, entries):
+    """Give every indexed file outside the scope within that the snapshot
+    did not look at its index row and entry, as last known.
+    A row its index could not vouch for (a time at or after the index's
+    stamp) gets a ctime no file has, so that a later stamp does not make it
+    trusted: the next scan reads that file."""
+    stamp = index_doc.get("stamp_ns", 0)
+    for rel, row in index_doc["files"].items():
+        if rel not in rows and rel not in within:
+            rows[rel] = (row if row.mtime_ns < stamp and row.ctime_ns < stamp
+                         else row.unvouched())
+            entries[rel] = old_entries[rel]
+
+
 def seen_as(row):
     """What an operation checks a file against before it writes or removes
     it: (size, mtime) of its snapshot row, or None where the snapshot saw no
@@ -6991,23 +7077,28 @@ class Recorder:
                                   and row.ctime_ns < stamp_ns)
 
     @gc_paused
-    def snapshot(self, ws, *, store_content, strict=False):
+    def snapshot(self, ws, *, store_content, strict=False, within=None):
         """Entries and index rows of the workspace as it is now.
 
         Re-reads only files the stat cache cannot vouch for; stores content of
         what it reads when store_content is set (sensitive files never read).
         A file the cache vouches for keeps its old row and entry objects, so
         comparing the result with the index is mostly identity checks.
+        within (a PathScope): only the files in it are looked at; every other
+        file keeps its index row and entry (see rows_outside), so the result
+        describes them as last known.
         """
         # A preview writes nothing, not even the clock file; its rows are not kept.
         stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
                     else time.time_ns() - RACY_MARGIN_NS)
-        scan = scan_tree(ws.root, self.policies.of(ws))
+        scan = scan_tree(ws.root, self.policies.of(ws), within=within)
         index_doc = ws.records.read_index()
         old_rows = index_doc["files"]
         old_entries = ws.records.index_entries(index_doc)
         trusted = self.trust_test(index_doc.get("stamp_ns", 0), strict)
         entries, rows, to_read = vouched_rows(scan.files, old_rows, old_entries, trusted)
+        if within is not None:
+            rows_outside(within, index_doc, old_entries, rows, entries)
         skipped, created = list(scan.skipped), []
         reads = 0
 
@@ -7153,11 +7244,11 @@ class Recorder:
 
     def record_drift(self, ws, state, entries, old_entries, *, kind, partial=False,
                       head_before=None, reason=None, lists=None, later=None, unseen=(),
-                      agent=None, label=None):
+                      agent=None, label=None, paths=None):
         """Write a manifest and a drift record for entries; returns the record.
 
         lists (added, modified, deleted) overrides the diff against old_entries.
-        later: see _record_manifest. agent: who made it (see make_drift).
+        later: see _record_manifest. agent, label, paths: see make_drift.
         """
         added, modified, deleted = lists or diff_maps(old_entries, entries)
         number = self.record_manifest(ws, state, entries, later)
@@ -7165,7 +7256,7 @@ class Recorder:
         drift = make_drift(number=drift_no, kind=kind, manifest=number, added=added,
                            modified=modified, deleted=deleted, partial=partial,
                            head_before=head_before, reason=reason, unseen=unseen, agent=agent,
-                           label=label)
+                           label=label, paths=paths)
         write_record(ws.records.drift_path(drift_no), drift, later)
         state["last_drift"] = drift_no
         return drift
@@ -7530,6 +7621,11 @@ class Saving:
             self.recorder.drop_unrecorded(ws, counters, snap.created)
             raise
         result["skipped_paths"] = snap.skipped + self.recorder.newly_left_out(ws, snap)
+        try:  # the files are recorded as they are now: a restore's read-back is history
+            ws.records.clear_receipt()
+        except OSError as exc:
+            self.log("task %s: the receipt of the last restore stays (%s)"
+                     % (ws.task_id, describe_os_error(exc)))
         # Inside the lock, so concurrent saves chain their refs in step order.
         step = result.pop("_step", None)
         result["git"] = self._save_git(ws, step, result)
@@ -7727,6 +7823,146 @@ class Saving:
         return tuple(sorted(changed))
 
 
+# - - - File diffs: what a step changed, what a restore would change -------------
+
+DIFF_CONTEXT = 3  # lines of context around each change, as git shows them
+PATCH_LINE_LIMIT = 400  # lines of one patch in a result; the rest is counted
+DIFF_SIZE_LIMIT = 1 << 20  # a file over this many bytes gets no patch
+PATCH_CUT_LINE = "\\ ... %d more lines of this patch left out\n"
+_PATCH_CUT = re.compile(r"\\ \.\.\. ([0-9]+) more lines of this patch left out\n\Z")
+NO_NEWLINE_LINE = "\\ No newline at end of file\n"
+NO_CONTENT = "content not stored"
+
+# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
+# there a recorded mode is compared by its owner-write bit alone: a package
+# made on Linux does not read as changed on every file.
+MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
+
+
+def diff_lines(data):
+    """data as lines for a diff, each ending in "\n" but perhaps the last
+    (lines end at "\n" only, as git splits them); None when data is not
+    text: it holds a NUL byte or is not UTF-8."""
+    if b"\x00" in data:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    lines = text.split("\n")
+    last = lines.pop()
+    out = [line + "\n" for line in lines]
+    if last:
+        out.append(last)
+    return out
+
+
+def patch_lines(patch):
+    """A patch's lines, each with its "\n" (a patch line may hold a "\r")."""
+    return [line + "\n" for line in patch.split("\n")[:-1]]
+
+
+def cut_patch(patch, keep):
+    """patch cut to its first keep lines, then one line saying how many
+    were left out (counting those an earlier cut of it left out)."""
+    earlier = _PATCH_CUT.search(patch)
+    left = int(earlier.group(1)) if earlier else 0
+    lines = patch_lines(patch[:earlier.start()] if earlier else patch)
+    if len(lines) <= keep and not left:
+        return patch
+    left += max(0, len(lines) - keep)
+    return "".join(lines[:keep]) + PATCH_CUT_LINE % left
+
+
+def unified_patch(path, old_lines, new_lines):
+    """(patch, lines added, lines removed): difflib's unified diff from
+    old_lines (--- a/path) to new_lines (+++ b/path) with DIFF_CONTEXT lines
+    of context. A last line without its newline is followed by git's
+    "\\ No newline at end of file". Over PATCH_LINE_LIMIT lines the patch is
+    cut (cut_patch); the counts are of the whole diff."""
+    out = list(difflib.unified_diff(old_lines, new_lines, "a/" + path, "b/" + path,
+                                    n=DIFF_CONTEXT))
+    # Counted and joined by C loops: a patch of a long file has many lines.
+    signs = collections.Counter(map(operator.itemgetter(0), out[2:]))  # after the file lines
+    patch = "".join(out)
+    if patch.count("\n") != len(out):  # a last line without its newline (at most two)
+        out = [line if line.endswith("\n") else line + "\n" + NO_NEWLINE_LINE for line in out]
+        patch = "".join(out)
+    if patch.count("\n") > PATCH_LINE_LIMIT:
+        patch = cut_patch(patch, PATCH_LINE_LIMIT)
+    return patch, signs["+"], signs["-"]
+
+
+def read_for_diff(path, *, within=None, missing=NO_CONTENT):
+    """The bytes of the regular file path (read only inside within when
+    given), or why there are none: missing when it is not there, "over 1 MB"
+    when it grew past DIFF_SIZE_LIMIT, "unreadable: ..." otherwise."""
+    try:
+        fh, st = open_regular(path)
+        with fh:
+            if within is not None:
+                opened_within(fh.fd, st, None, within, path)
+            data = fh.read_all(min(st.st_size, DIFF_SIZE_LIMIT))
+    except FileNotFoundError:
+        return missing
+    except OSError as exc:
+        return "unreadable: %s" % describe_os_error(exc)
+    return "over 1 MB" if len(data) > DIFF_SIZE_LIMIT else data
+
+
+def change_entry(path, change, have, want, read_have, read_want):
+    """One entry of a diff: {path, change, added, removed, patch, reason}.
+
+    change: "write" (the file is new), "delete" or "replace"; have and want:
+    the ManifestEntry before and after (None where there is no file);
+    read_have and read_want: () -> the bytes of that side, or a str saying
+    why there are none. Nothing is read for a sensitive file or one over
+    DIFF_SIZE_LIMIT. A patch is null with reason "sensitive", "over 1 MB",
+    "binary" or why the content is missing; a change of the mode alone has
+    an empty patch and a reason saying so."""
+    entry = {"path": path, "change": change, "added": None, "removed": None, "patch": None,
+             "reason": None}
+    sides = [e for e in (have, want) if e is not None]
+    if any(e.kind == KIND_SENSITIVE for e in sides):
+        entry["reason"] = "sensitive"
+    elif any(e.kind == KIND_BIG or e.size > DIFF_SIZE_LIMIT for e in sides):
+        entry["reason"] = "over 1 MB"
+    else:
+        old = read_have() if have is not None else b""
+        new = read_want() if want is not None else b""
+        unavailable = [side for side in (old, new) if isinstance(side, str)]
+        if unavailable:
+            entry["reason"] = unavailable[0]
+        else:
+            old_lines, new_lines = diff_lines(old), diff_lines(new)
+            if old_lines is None or new_lines is None:
+                entry["reason"] = "binary"
+            else:
+                entry["patch"], entry["added"], entry["removed"] = unified_patch(
+                    path, old_lines, new_lines)
+    if have is not None and want is not None and (have.mode ^ want.mode) & MODE_BITS_COMPARED:
+        mode = "mode %o -> %o" % (have.mode, want.mode)
+        if entry["patch"] == "":
+            mode = "mode only: %o -> %o" % (have.mode, want.mode)
+        entry["reason"] = mode if entry["reason"] is None else entry["reason"] + "; " + mode
+    return entry
+
+
+def records_diff(payloads, old, new):
+    """The diff from one recorded file map to another (both from the store)."""
+    added, modified, deleted = diff_maps(old, new)
+    changes = [(rel, "write") for rel in added] + [(rel, "replace") for rel in modified] + [
+        (rel, "delete") for rel in deleted]
+
+    def stored(entry):
+        return lambda: read_for_diff(payloads.path(entry.sha))
+
+    return [change_entry(rel, change, old.get(rel), new.get(rel),
+                         stored(old[rel]) if rel in old else None,
+                         stored(new[rel]) if rel in new else None)
+            for rel, change in sorted(changes)]
+
+
 # - - - 15.3 Show and resume: tc_show, tc_resume ------------------------------
 
 class Reporting:
@@ -7737,15 +7973,26 @@ class Reporting:
         self.recorder = recorder
         self.policies = recorder.policies
 
-    def show(self, ws, *, index, include_drift, limit, cursor):
-        """A page of ws's steps (and drift records), or one step with its files (under the lock)."""
+    @staticmethod
+    def check_show(index, diff):
+        """Refuse a show's arguments before anything is resolved."""
+        if diff and index is None:
+            raise InvalidArgument("diff needs index: tc_show with index N and diff: true "
+                                  "shows what step N changed against the step before it")
+
+    def show(self, ws, *, index, include_drift, limit, cursor, diff=False):
+        """A page of ws's steps (and drift records), or one step with its files
+        (under the lock); with diff, also what that step changed."""
         ws.follow_active()
         state = ws.records.read_state()
         numbers = ws.records.step_numbers()
+        changes = None
         if index is not None:
             ws.records.check_step_number(index, state["last_step"])
             step = ws.records.read_step(index)
             files = ws.records.manifests.load(step["manifest"])
+            if diff:
+                changes = records_diff(ws.store.payloads, self._before_step(ws, index), files)
             paths = sorted(files)[cursor:cursor + limit]
             steps = [self._step_view(step, state, files={p: files[p] for p in paths})]
             steps[0]["file_count"] = len(files)
@@ -7769,9 +8016,26 @@ class Reporting:
                 drift_numbers = drift_numbers[cursor:cursor + limit]
             drifts = [self._listed(lambda: self._drift_view(ws.records.read_drift(
                 "d%04d" % n)), {"id": "d%04d" % n, "restorable": False}) for n in drift_numbers]
-        return {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
-                "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
-                "total_steps": len(numbers) if index is None else None}
+        result = {"task_id": ws.task_id, "status": state["status"], "head": state["head"],
+                  "steps": steps, "drifts": drifts, "next_cursor": next_cursor,
+                  "total_steps": len(numbers) if index is None else None}
+        if changes is not None:
+            result["diff"] = changes
+        return result
+
+    @staticmethod
+    def _before_step(ws, index):
+        """The files as they were before step index: the step before it, or
+        for the first step the task's baseline (empty when it has none, as
+        an imported task)."""
+        if index > 1:
+            return ws.records.manifests.load(ws.records.read_step(index - 1)["manifest"])
+        try:
+            baseline = ws.records.read_drift("d0001")
+        except NotFound:
+            return {}
+        return (ws.records.manifests.load(baseline["manifest"])
+                if baseline.get("kind") == "baseline" else {})
 
     def _drifts_of_steps(self, ws, numbers, first, end):
         """The numbers of the drift records that belong to the steps
@@ -8036,6 +8300,13 @@ class Reporting:
         if state.get("head"):
             errors.extend(self._missing_content(ws, state))
         errors.extend(self._over_budget(ws))
+        receipt = ws.records.read_receipt()
+        if receipt is not None:
+            first = (receipt["mismatched"] or [{"path": "?", "reason": "not recorded"}])[0]
+            errors.append("the restore recorded as %s left %s file(s) not as it wrote them, "
+                          "e.g. %r (%s); look at them, then tc_save (which ends this notice)"
+                          % (receipt.get("recovered"), receipt.get("count", 1),
+                             first.get("path"), first.get("reason")))
         return errors
 
     def _over_budget(self, ws):
@@ -8068,12 +8339,6 @@ class Reporting:
 
 # - - - 15.4 Restore: the planner, then tc_restore ----------------------------
 
-# Windows shows only a read-only flag as permission bits (0o444 or 0o666), so
-# there a recorded mode is compared by its owner-write bit alone: a package
-# made on Linux does not read as changed on every file.
-MODE_BITS_COMPARED = 0o200 if WINDOWS else 0o7777
-
-
 def same_content(have, want):
     if have.kind != want.kind:
         return False
@@ -8082,7 +8347,8 @@ def same_content(have, want):
     return have.sha == want.sha and not (have.mode ^ want.mode) & MODE_BITS_COMPARED
 
 
-def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None):
+def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None,
+                 within=None):
     """What a restore to target changes in a workspace whose state is current.
 
     skipped: paths the scan passed over (unreadable, symlinks, special
@@ -8091,13 +8357,19 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     record could not read when it was made; a file there is neither deleted
     nor overwritten, but a missing one is written. With OLDER_NAMES among
     them, a file the record's older name rules left out is not deleted
-    either. Preview and apply compute the same plan.
+    either. within (a PathScope): only its paths are planned; the other
+    files of current still stand in the way of what would be written.
+    Preview and apply compute the same plan.
     """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
     not_seen = {item["path"]: item["reason"] for item in unseen}
     older_names = OLDER_NAMES in unseen and policy is not None
-    for path, have in sorted(current.items()):
+    # Within a scope, a file under a planned path is planned too: the files
+    # outside it matter only where they stand on a planned path's way.
+    planned = current if within is None else {p: e for p, e in current.items() if p in within}
+    wanted = target if within is None else {p: e for p, e in target.items() if p in within}
+    for path, have in sorted(planned.items()):
         if path in target:
             continue
         left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
@@ -8113,8 +8385,8 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         else:
             plan["to_delete"].append(path)
     deleted = set(plan["to_delete"])
-    kept_dirs = ancestors([p for p in current if p not in deleted] + list(untouchable))
-    for path, want in sorted(target.items()):
+    kept_dirs = ancestors([p for p in planned if p not in deleted] + list(untouchable))
+    for path, want in sorted(wanted.items()):
         have = current.get(path)
         if have is not None and same_content(have, want):
             continue
@@ -8148,11 +8420,12 @@ def in_the_way(rel, left):
 
 
 def plan_without(plan, left):
-    """The plan less the paths in left (those an operation left as they were)."""
+    """The plan less the paths in left (those an operation left as they
+    were); its unrestorable items stay."""
     if not left:
         return plan
     left = set(left)
-    return {key: [rel for rel in value if rel not in left] if isinstance(value, list) else value
+    return {key: [rel for rel in value if rel not in left] if key != "unrestorable" else value
             for key, value in plan.items()}
 
 
@@ -8210,14 +8483,153 @@ def _unrestorable_reason(path, have, want, has_payload, current, deleted):
     return None
 
 
+PLAN_ID = re.compile(r"^[0-9a-f]{64}\Z")
+PREVIEWS_KEPT = 16  # previews whose plans an apply can compare with (in memory)
+VOIDED_TEXT_LIMIT = 300  # characters of a voided step's conclusion in a result
+NOTE_NAMES = 5  # steps or paths a note names; the rest it counts
+RECEIPT_KEPT = 20  # mismatches of a read-back kept for tc_resume (with their count)
+
+
+def entry_state(entry):
+    """What a plan id holds of a file: its kind, content (size and mtime for
+    a sensitive file, which is never read) and mode; None for no file."""
+    if entry is None:
+        return None
+    content = [entry.size, entry.mtime_ns] if entry.kind == KIND_SENSITIVE else entry.sha
+    return [entry.kind, content, entry.mode]
+
+
+def plan_states(plan, current, target):
+    """{path: state} of every path of a plan: the file now and in the target
+    (entry_state) for what it changes, the reason for what it leaves."""
+    states = {}
+    for key in ("to_delete", "to_write", "to_replace"):
+        for rel in plan[key]:
+            states[rel] = [entry_state(current.get(rel)), entry_state(target.get(rel))]
+    for item in plan["unrestorable"]:
+        states[item["path"]] = ["left", item["reason"]]
+    return states
+
+
+def plan_digest(identity, states):
+    """The plan id: a sha256 of a canonical JSON of the restore (identity)
+    and the states of its paths. A preview and an apply of the same
+    restore in the same state compute the same id."""
+    text = json.dumps({"restore": identity, "files": states}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def clipped(text, limit):
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def named_list(items, shown=NOTE_NAMES):
+    """items joined for a sentence, the ones past shown counted."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (" and %d more" % more if more > 0 else "")
+
+
+def target_text(index, record):
+    """How a note names the record a restore goes to."""
+    if index is not None:
+        return 'step %d ("%s")' % (index, clipped(shown_path(record.get("title", "")), 80))
+    if record.get("kind") == "recovered":
+        return "drift record %s (the workspace as it was before an earlier restore)" % record["id"]
+    return "drift record %s" % record["id"]
+
+
+def restore_note(*, applied, what, task, into, scope, plan, voided, recovered, advice,
+                 mismatched):
+    """A few plain lines for the conversation: what was restored, which
+    steps no longer describe the files on disk, how to undo it."""
+    changed = len(plan["to_delete"]) + len(plan["to_write"]) + len(plan["to_replace"])
+    only = ""
+    if scope is not None:
+        only = " for %s only (every other file as it is)" % named_list(
+            [shown_path(p) for p in scope.paths])
+    if applied:
+        lines = ["Restored the workspace to %s of task %s%s: %d file(s) changed."
+                 % (what, task, only, changed)]
+    else:
+        lines = ["Preview (nothing changed yet): restoring the workspace to %s of task %s%s "
+                 "would change %d file(s)." % (what, task, only, changed)]
+    if voided:
+        steps = named_list(['%d ("%s")' % (v["index"], clipped(shown_path(v["title"]), 60))
+                            for v in voided])
+        lines.append("%s steps %s: their conclusions no longer describe the files on disk."
+                     % ("Undone:" if applied else "It would undo", steps))
+    if plan["unrestorable"]:
+        lines.append("%d file(s) %s left as they are (plan.unrestorable says why)."
+                     % (len(plan["unrestorable"]), "were" if applied else "would be"))
+    if mismatched:
+        lines.append("%d file(s) did not read back as restored (receipt.mismatched); look at "
+                     "them before going on." % mismatched)
+    if applied:
+        lines.append('To undo this restore: tc_restore with drift_id "%s" (%spreview first).'
+                     % (recovered, "" if into == task else "a record of the active task %s; "
+                        % into))
+    elif advice:
+        lines.append(advice)
+    return "\n".join(lines)
+
+
+def written_as(ws, rel, want):
+    """None when the workspace file rel reads back as the entry want (its
+    content hash and mode), else why not."""
+    full = os.path.join(ws.root, *rel.split("/"))
+    try:
+        st = os.lstat(full)
+        if not stat_mod.S_ISREG(st.st_mode):
+            return "not a regular file after the restore wrote it"
+        sha = hash_file(full, within=ws.guard)[0]
+    except FileNotFoundError:
+        return "gone after the restore wrote it"
+    except OSError as exc:
+        return "cannot be read back: %s" % describe_os_error(exc)
+    if sha != want.sha:
+        return ("not the content the restore wrote (another program wrote it meanwhile, or "
+                "the disk gave back other bytes)")
+    if (stat_mod.S_IMODE(st.st_mode) ^ want.mode) & MODE_BITS_COMPARED:
+        return "mode %o, not the %o it was restored with" % (stat_mod.S_IMODE(st.st_mode),
+                                                              want.mode)
+    return None
+
+
+def deleted_as(ws, rel):
+    """None when no file stands at rel, which a restore deleted (a folder
+    may: the target's files under it), else why not."""
+    try:
+        st = os.lstat(os.path.join(ws.root, *rel.split("/")))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return "cannot be looked for after the restore deleted it: %s" % describe_os_error(exc)
+    if stat_mod.S_ISDIR(st.st_mode):
+        return None
+    return "there again after the restore deleted it (another program made it meanwhile)"
+
+
 class Restoring:
-    """tc_restore: plan (plan_restore, above), secure the undo content,
-    journal, write, record what undoes it."""
+    """tc_restore: plan (plan_restore, above), bind it to an id, secure the
+    undo content, journal, write, read back, record what undoes it.
+
+    The task whose record is restored (the source) and the task that
+    records the restore (into: the workspace's active task, which must be
+    open to apply) are the same unless task_id names another task of the
+    workspace: then its files are written into the workspace, the record
+    that undoes it goes into the active task, and the named task and the
+    active task's head stay as they are."""
 
     def __init__(self, recorder, log):
         self.recorder = recorder
         self.policies = recorder.policies
         self.log = log
+        # The plans of the latest previews by plan id, in this process only
+        # (a preview writes nothing): an apply whose plan_id is among them
+        # names the paths that changed since.
+        self._previews = collections.OrderedDict()
+        self._previews_lock = threading.Lock()
 
     @staticmethod
     def check_target(index, drift_id):
@@ -8228,63 +8640,375 @@ class Restoring:
         if drift_id is not None:
             validate_drift_id(drift_id)
 
-    def restore(self, ws, *, index, drift_id, apply, expected_head=None, agent=None):
-        """Preview, or with apply do, a restore of ws to a step or a drift
-        record (under the lock). An applied one with expected_head is
-        refused unless the task's head is that step; agent: who restores,
-        kept on the recovered record."""
-        ws.follow_active()
-        state = ws.state = ws.records.read_state()
-        if apply:
-            ws.need_writable()
-            if state["status"] == "closed":
-                raise TaskClosed("task %r is closed: a restore can be previewed "
-                                 "(apply: false) but not applied" % ws.task_id)
-            if expected_head is not None and state["head"] != expected_head:
-                raise head_moved(ws, state, expected_head)
-        target_no, head_after, unseen = self._restore_target(ws, state, index, drift_id)
-        target = ws.records.manifests.load(target_no)
-        snap = self.recorder.snapshot(ws, store_content=apply, strict=apply)
-        plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                            skipped=snap.skipped, unseen=unseen, policy=self.policies.of(ws))
-        if apply:
-            created = snap.created
+    @staticmethod
+    def check_options(paths, plan_id):
+        """paths in normal form (None when not given), after refusing a bad
+        path or plan_id before anything is resolved."""
+        if plan_id is not None and (not isinstance(plan_id, str) or not PLAN_ID.match(plan_id)):
+            raise InvalidArgument("plan_id %r is not a plan id: pass the 64 hex digits a "
+                                  "preview (apply: false) returned as plan_id"
+                                  % (plan_id if not isinstance(plan_id, str) else plan_id[:80],))
+        if paths is None:
+            return None
+        if not isinstance(paths, (list, tuple)) or not paths:
+            raise InvalidArgument("paths must name at least one file or folder; leave it out "
+                                  "to restore every file")
+        out = []
+        for item in paths:
+            if isinstance(item, str) and len(item) > 1 and item.endswith("/"):
+                item = item[:-1]  # "docs/" names the folder docs
             try:
-                snap, changed = self.recorder.secure_undo(ws, snap,
-                                                  plan["to_delete"] + plan["to_replace"])
-            except BaseException:
-                ws.store.payloads.discard(created)  # nothing records them yet
-                raise
-            if changed:
-                plan = plan_restore(target, snap.entries, ws.store.payloads.has,
-                                    skipped=snap.skipped, unseen=unseen,
-                                    policy=self.policies.of(ws))
-        recovered, skipped = None, snap.skipped
-        if apply:
-            recovered, left = self._apply_restore(ws, state, target, target_no, snap, plan,
-                                                  head_after, agent)
-            skipped = skipped + left
-        return {"applied": bool(apply), "recovered": recovered,
-                "plan": {k: plan[k] for k in ("to_delete", "to_write", "to_replace",
-                                              "unrestorable")},
-                "skipped_paths": skipped, "head": head_after if apply else state["head"],
-                "target": ("s%04d" % index) if index is not None else drift_id}
+                out.append(normalize_rel(item))
+            except UnsafePath as exc:
+                raise InvalidArgument("paths: %s; name files and folders relative to the "
+                                      "workspace root, such as 'src/app.py' or 'docs'; "
+                                      "nothing was restored" % exc) from None
+        return out
 
-    def _restore_target(self, ws, state, index, drift_id):
+    @staticmethod
+    def named_task(workspaces, root, task_id):
+        """The Workspace of the task a restore names (resolve), with what to
+        do when the task does not exist."""
+        try:
+            return workspaces.resolve(root, task_id)
+        except NotFound as exc:
+            if task_id is None:
+                raise
+            raise NotFound("%s; pass task_id of one of this workspace's tasks (tc_init "
+                           "returned it, tc_resume names the active one), or leave it out "
+                           "to restore the active task" % exc) from None
+
+    def restore(self, ws, *, index, drift_id, apply, named=False, paths=None, diff=False,
+                plan_id=None, expected_head=None, agent=None):
+        """Preview, or with apply do, a restore of the workspace to a step or
+        a drift record of ws's task (under the lock). named: task_id named
+        ws's task (see the class). paths: only those files and folders
+        (normal form); diff: add what each planned file changes; plan_id:
+        refuse an apply whose plan is no longer the one of that id;
+        expected_head: refuse an apply unless the head of the task it is
+        recorded in is that step; agent: who restores, kept on the
+        recovered record."""
+        source, into = self._tasks(ws, named)
+        if apply:
+            self._check_apply(source, into)
+            if expected_head is not None and into.state["head"] != expected_head:
+                raise head_moved(into, into.state, expected_head)
+        base = into or source  # whose index and rules the workspace is read with
+        same = into is source
+        target_no, record, unseen = self._restore_target(source, index, drift_id)
+        scope = self._scope(base, record, paths)
+        target = source.records.manifests.load(target_no)
+        identity = {"task": source.task_id, "target": self._target_name(index, drift_id),
+                    "manifest": target_no, "paths": list(scope.paths) if scope else None,
+                    "head": base.state["head"] if same and self._open(base) else None}
+        snap, plan, computed = self._bound_plan(base, source, target, record, index, unseen,
+                                                scope, identity, apply=apply, plan_id=plan_id,
+                                                check_named=paths is not None)
+        changes = self._diff(base, plan, snap.entries, target) if diff else None
+        head_after = self._head_after(base, same, scope, index, record)
+        voided = (self._voided(source, index, base.state["head"])
+                  if same and scope is None and index is not None and self._open(base) else [])
+        recovered, skipped, receipt, done = None, snap.skipped, None, plan
+        if apply:
+            snap, plan = self._secure_undo(base, snap, plan, target, unseen, scope)
+            if plan is not done:  # planned again: the id of the plan it carries out
+                computed = plan_digest(identity, plan_states(plan, snap.entries, target))
+            recovered, left = self._apply_restore(into, into.state, target, target_no, snap,
+                                                  plan, head_after, same=same, scope=scope,
+                                                  agent=agent)
+            skipped = skipped + left
+            done = plan_without(plan, [item["path"] for item in left])
+            with cancellable(None):  # done and recorded: a cancel now would only mislead
+                receipt = self._receipt(into, target, done, recovered)
+        note = restore_note(
+            applied=bool(apply), what=target_text(index, record), task=source.task_id,
+            into=base.task_id, scope=scope, plan=done, voided=voided, recovered=recovered,
+            advice=None if apply else self._preview_advice(source, into, index, drift_id),
+            mismatched=len(receipt["mismatched"]) if receipt else 0)
+        result = {"applied": bool(apply), "recovered": recovered,
+                  "plan": {k: plan[k] for k in ("to_delete", "to_write", "to_replace",
+                                                "unrestorable")},
+                  "skipped_paths": skipped, "head": head_after if apply else base.state["head"],
+                  "target": identity["target"], "plan_id": computed, "receipt": receipt,
+                  "voided": voided, "note": note}
+        if changes is not None:
+            result["diff"] = changes
+        return result
+
+    def _bound_plan(self, base, source, target, record, index, unseen, scope, identity, *,
+                    apply, plan_id, check_named):
+        """(snapshot, plan, plan id) of a restore to target, read as base's
+        workspace; an apply whose plan_id differs, or (check_named) a path
+        given that names nothing, is refused here, before anything is
+        written (what the snapshot stored is removed again)."""
+        snap = self.recorder.snapshot(base, store_content=apply, strict=True, within=scope)
+        try:
+            if check_named:
+                self._check_named(scope, target, snap, record, index, source)
+            plan = plan_restore(target, snap.entries, base.store.payloads.has,
+                                skipped=snap.skipped, unseen=unseen,
+                                policy=self.policies.of(base), within=scope)
+            states = plan_states(plan, snap.entries, target)
+            computed = plan_digest(identity, states)
+            if apply and plan_id is not None and plan_id != computed:
+                raise self._plan_changed(plan_id, identity, states)
+        except BaseException:
+            base.store.payloads.discard(snap.created)  # nothing records them yet
+            raise
+        if not apply:
+            self._remember(computed, identity, states)
+        return snap, plan, computed
+
+    @staticmethod
+    def _tasks(ws, named):
+        """(source, into) of a restore (see the class); into is None when
+        the workspace has no active task."""
+        if not named:
+            ws.follow_active()
+            ws.state = ws.records.read_state()
+            return ws, ws
+        ws.state = ws.records.read_state()
+        active = ws.store.read_current().get(ws.root)
+        if active is None:
+            return ws, None
+        if active == ws.task_id:
+            return ws, ws
+        return ws, Workspace(ws.root, ws.store, active).load_state()
+
+    @staticmethod
+    def _open(ws):
+        return ws.state["status"] != "closed"
+
+    @staticmethod
+    def _target_name(index, drift_id):
+        return ("s%04d" % index) if index is not None else drift_id
+
+    @staticmethod
+    def _check_apply(source, into):
+        """Refuse an apply that no open task can record."""
+        if into is None:
+            raise NotFound("no task is open in %r, and a restore is recorded in the open task "
+                           "so that it can be undone: start a task with tc_init, then call "
+                           "tc_restore with task_id %r and apply: true"
+                           % (source.root, source.task_id))
+        into.need_writable()
+        if into.state["status"] != "closed":
+            return
+        if into is source:
+            raise TaskClosed("task %r is closed and stays as it is: its restore can be "
+                             "previewed (apply: false) but not applied to it. To bring its "
+                             "files back, start a task with tc_init, then call tc_restore "
+                             "with task_id %r and apply: true: the files are written and the "
+                             "record that undoes it goes into the new task"
+                             % (source.task_id, source.task_id))
+        raise TaskClosed("the workspace's active task %r is closed, and a restore is recorded "
+                         "in the open task: start a task with tc_init, then call tc_restore "
+                         "with task_id %r and apply: true" % (into.task_id, source.task_id))
+
+    def _preview_advice(self, source, into, index, drift_id):
+        """The line of a preview's note that says how an apply can go."""
+        target = "index: %d" % index if index is not None else 'drift_id: "%s"' % drift_id
+        if into is None or not self._open(into):
+            closed = "" if self._open(source) else "Task %s is closed and stays as it is: " % (
+                source.task_id)
+            return ('%san apply must go through an open task: start one with tc_init, then '
+                    'tc_restore with task_id "%s", %s and apply: true.'
+                    % (closed, source.task_id, target))
+        if into is not source:
+            return ("Applying writes these files into the workspace and records the undo in "
+                    "the open task %s; task %s stays as it is." % (into.task_id, source.task_id))
+        return None
+
+    @staticmethod
+    def _restore_target(source, index, drift_id):
+        """(manifest number, record, unseen items) of the record restored."""
         if index is not None:
-            ws.records.check_step_number(index, state["last_step"])
-            step = ws.records.read_step(index)
-            return step["manifest"], index, unseen_skips(step)
-        drift = ws.records.read_drift(drift_id)
+            source.records.check_step_number(index, source.state["last_step"])
+            step = source.records.read_step(index)
+            return step["manifest"], step, unseen_skips(step)
+        drift = source.records.read_drift(drift_id)
         if drift.get("compressed"):
             raise InvalidArgument("drift %r was reclaimed by tc_compress and can no longer be "
                                   "restored; pick a step or a newer drift" % drift_id)
-        head_after = state["head"]
-        if drift.get("kind") == "recovered" and drift.get("head_before") is not None:
-            head_after = drift["head_before"]
-        return drift["manifest"], head_after, unseen_skips(drift)
+        return drift["manifest"], drift, unseen_skips(drift)
 
-    def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after, agent=None):
+    @staticmethod
+    def _head_after(base, same, scope, index, record):
+        """The head of the recording task after the restore: only a whole
+        restore of its own records moves it."""
+        head = base.state["head"]
+        if not same or scope is not None:
+            return head
+        if index is not None:
+            return index
+        if record.get("kind") == "recovered" and record.get("head_before") is not None:
+            return record["head_before"]
+        return head
+
+    def _scope(self, base, record, paths):
+        """The PathScope of a restore, or None for the whole workspace. A
+        record that undoes a restore of some paths restores only those;
+        paths given must then lie within them. A path in the store, or one
+        the workspace's rules leave out, is refused."""
+        kept = record.get("paths")
+        if paths is None:
+            return None if kept is None else PathScope(kept)
+        policy = self.policies.of(base)
+        for rel in paths:
+            store_rel = policy.store_rel
+            if store_rel and (rel == store_rel or rel.startswith(store_rel + "/")):
+                raise InvalidArgument("paths: %r is inside the checkpoint store, which is never "
+                                      "restored; nothing was restored" % rel)
+            if policy.excluded(rel):
+                raise InvalidArgument("paths: %r is left out of every scan in this workspace "
+                                      "(an always-excluded name, the task's exclude or an "
+                                      "ignore rule), so nothing of it is stored or restored; "
+                                      "nothing was restored" % rel)
+            if policy.sensitive(rel):
+                raise InvalidArgument("paths: %r is a sensitive name, whose content is never "
+                                      "stored, so it cannot be restored; nothing was restored"
+                                      % rel)
+        if kept is None:
+            return PathScope(paths)
+        allowed, narrowed = PathScope(kept), []
+        for rel in paths:
+            inner = [rel] if allowed.covering(rel) else [p for p in kept
+                                                         if p.startswith(rel + "/")]
+            if not inner:
+                raise InvalidArgument("paths: %r is not among the paths drift %s holds (it "
+                                      "undoes a restore of %s only); name paths within them, "
+                                      "or leave paths out" % (rel, record["id"],
+                                                              named_list(list(kept))))
+            narrowed.extend(inner)
+        return PathScope(narrowed)
+
+    @staticmethod
+    def _check_named(scope, target, snap, record, index, source):
+        """Refuse a path of scope that names nothing in the target and
+        nothing in the workspace (a typo must not restore nothing)."""
+        found = set()
+        for rel in itertools.chain(target, snap.entries, (i["path"] for i in snap.skipped)):
+            if rel in scope:
+                found.update(scope.covering(rel))
+        unknown = [rel for rel in scope.paths if rel not in found]
+        if unknown:
+            where = ("step %d" % index) if index is not None else "drift %s" % record["id"]
+            raise NotFound("paths: %s %s nothing in %s of task %s nor in the workspace; check "
+                           "the spelling (tc_show with index lists a step's files); nothing "
+                           "was restored" % (named_list([repr(p) for p in unknown]),
+                                             "names" if len(unknown) == 1 else "name", where,
+                                             source.task_id))
+
+    def _remember(self, plan_id, identity, states):
+        with self._previews_lock:
+            self._previews[plan_id] = (identity, states)
+            self._previews.move_to_end(plan_id)
+            while len(self._previews) > PREVIEWS_KEPT:
+                self._previews.popitem(last=False)
+
+    def _plan_changed(self, plan_id, identity, states):
+        """The refusal of an apply whose plan_id is not its plan now, naming
+        what changed when this process made that preview."""
+        with self._previews_lock:
+            before = self._previews.get(plan_id)
+        if before is None:
+            what = ("the workspace or the task changed since that preview (or another server "
+                    "made it)")
+        elif before[0] != identity:
+            then = before[0]
+            if (then["task"], then["target"], then["paths"]) != (
+                    identity["task"], identity["target"], identity["paths"]):
+                what = "that preview was of another restore (%s of task %s%s)" % (
+                    then["target"], then["task"],
+                    " for %s" % named_list(then["paths"]) if then["paths"] else "")
+            else:
+                what = "the task moved on (its head was step %s at the preview, it is %s now)" % (
+                    then["head"], identity["head"])
+        else:
+            then = before[1]
+            changed = sorted(p for p in set(then) | set(states) if then.get(p) != states.get(p))
+            what = "changed since the preview: %s" % named_list([repr(p) for p in changed])
+        return Conflict("plan_id %s... is not the plan of this restore now: %s. Nothing was "
+                        "written; preview again (apply: false) and apply with the plan_id it "
+                        "returns" % (plan_id[:12], what))
+
+    @staticmethod
+    def _diff(base, plan, current, target):
+        """The diff entries of a plan: from each file in the workspace now to
+        the target's stored content, each read once."""
+        payloads, guard = base.store.payloads, base.guard
+        changes = [(rel, change) for key, change in (("to_delete", "delete"),
+                                                     ("to_write", "write"),
+                                                     ("to_replace", "replace"))
+                   for rel in plan[key]]
+
+        def here(rel):
+            full = os.path.join(base.root, *rel.split("/"))
+            return lambda: read_for_diff(full, within=guard, missing="gone from the workspace")
+
+        def stored(rel):
+            return lambda: read_for_diff(payloads.path(target[rel].sha))
+
+        return [change_entry(rel, change, current.get(rel), target.get(rel), here(rel),
+                             stored(rel)) for rel, change in sorted(changes)]
+
+    @staticmethod
+    def _voided(source, index, head):
+        """The steps after index up to head, newest first: the ones whose
+        conclusions a restore to step index leaves describing nothing on disk."""
+        voided = []
+        for number in range(head, index, -1):
+            try:
+                step = source.records.read_step(number)
+            except (StoreCorrupt, NotFound) as exc:
+                voided.append({"index": number, "title": "", "conclusion": "",
+                               "damaged": str(exc)})
+                continue
+            voided.append({"index": number, "title": step["title"],
+                           "conclusion": clipped(step.get("conclusion") or "",
+                                                 VOIDED_TEXT_LIMIT)})
+        return voided
+
+    def _secure_undo(self, ws, snap, plan, target, unseen, scope):
+        """The snapshot and plan once the content to delete or overwrite is
+        surely stored (Recorder.secure_undo), planned again (a new plan
+        object) if it moved."""
+        created = snap.created
+        try:
+            snap, changed = self.recorder.secure_undo(ws, snap,
+                                                      plan["to_delete"] + plan["to_replace"])
+        except BaseException:
+            ws.store.payloads.discard(created)  # nothing records them yet
+            raise
+        if changed:
+            plan = plan_restore(target, snap.entries, ws.store.payloads.has,
+                                skipped=snap.skipped, unseen=unseen,
+                                policy=self.policies.of(ws), within=scope)
+        return snap, plan
+
+    def _receipt(self, ws, target, done, recovered):
+        """{verified, mismatched} of an applied restore: every file it wrote
+        read back (content hash and mode against the target), every file it
+        deleted looked for. A mismatch is kept in the task's receipt file,
+        which tc_resume reports until the next save."""
+        written = done["to_write"] + done["to_replace"]
+        reasons = in_parallel(lambda rel: written_as(ws, rel, target[rel]), written)
+        reasons += [deleted_as(ws, rel) for rel in done["to_delete"]]
+        mismatched = sorted(({"path": rel, "reason": reason} for rel, reason in zip(
+            written + done["to_delete"], reasons) if reason), key=operator.itemgetter("path"))
+        if mismatched:
+            try:
+                write_record(ws.records.receipt_path, {
+                    "format": 1, "recovered": recovered, "count": len(mismatched),
+                    "mismatched": mismatched[:RECEIPT_KEPT], "created": now_iso()})
+            except OSError as exc:
+                self.log("the read-back of restore %s found %d file(s) not as written, and "
+                         "that could not be kept for tc_resume: %s"
+                         % (recovered, len(mismatched), describe_os_error(exc)))
+        return {"verified": len(reasons) - len(mismatched), "mismatched": mismatched}
+
+    def _apply_restore(self, ws, state, target, target_no, snap, plan, head_after, *, same,
+                       scope, agent=None):
         journal = Journal(ws.store, "restore", ws.root)
         journal.data["task_id"] = ws.task_id  # whose index a rollback settles
         current = snap.entries
@@ -8317,12 +9041,14 @@ class Restoring:
             drift = self.recorder.record_drift(
                 ws, state, current, None, kind="recovered", head_before=state["head"],
                 lists=(done["to_delete"], done["to_replace"], done["to_write"]),
-                later=later, unseen=snap.unseen, agent=agent)
+                later=later, unseen=snap.unseen, agent=agent,
+                paths=scope.paths if scope else None)
             state["head"] = head_after
             if head_after:
                 state["head_manifest"] = ws.records.read_step(head_after)["manifest"]
             entries_after = {rel: row.entry() for rel, row in rows.items()}
-            state["index_manifest"] = target_no if entries_after == target else 0
+            # A manifest of another task is no manifest of this one.
+            state["index_manifest"] = target_no if same and entries_after == target else 0
             ws.records.write_state_with(
                 state, lambda staged: ws.store.payloads.flush_with(later + staged))
             self.recorder.keep_index(ws, index_after_writes(
@@ -9389,11 +10115,13 @@ class Checkpoints:
             self._reset_watcher(ws)
         return noted(ws, result)
 
-    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0):
+    def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0,
+             diff=False):
+        Reporting.check_show(index, diff)
         ws = self.workspaces.resolve(root, task_id)
         with ws.store.lock:
             result = self.reporting.show(ws, index=index, include_drift=include_drift,
-                                         limit=limit, cursor=cursor)
+                                         limit=limit, cursor=cursor, diff=bool(diff))
         self._watch(ws.root, ws.store)
         return noted(ws, result)
 
@@ -9404,15 +10132,17 @@ class Checkpoints:
         self._watch(ws.root, ws.store)  # a new session starts here: record from now on
         return noted(ws, result)
 
-    def restore(self, root, *, index=None, drift_id=None, apply=False, expected_head=None,
-                agent=None):
+    def restore(self, root, *, index=None, drift_id=None, apply=False, task_id=None,
+                paths=None, diff=False, plan_id=None, expected_head=None, agent=None):
         Restoring.check_target(index, drift_id)
+        paths = Restoring.check_options(paths, plan_id)
         expected_head, agent = validate_expected_head(expected_head), validate_agent(agent)
-        ws = self.workspaces.resolve(root)
+        ws = Restoring.named_task(self.workspaces, root, task_id)
         with ws.store.lock:
             result = self.restoring.restore(ws, index=index, drift_id=drift_id,
-                                            apply=bool(apply), expected_head=expected_head,
-                                            agent=agent)
+                                            apply=bool(apply), named=task_id is not None,
+                                            paths=paths, diff=bool(diff), plan_id=plan_id,
+                                            expected_head=expected_head, agent=agent)
         if apply:
             self._recorded(ws)
         else:

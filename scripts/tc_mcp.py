@@ -255,6 +255,19 @@ USAGE = {"type": "object", "description": "Where the store's bytes go (after thi
              "budget": {"type": "object"}},
          "required": ["total_bytes", "content_bytes", "tasks", "drift_only_bytes",
                       "freed_at_keep_seconds_0"]}
+DIFF = {"type": "array", "description": "One entry per changed file, by path: change "
+        "'write' (new), 'delete' or 'replace'; added and removed count lines; patch is a "
+        "unified diff (3 lines of context, --- a/<path> before, +++ b/<path> after) cut "
+        "after %d lines with a line saying how many were left out, or null with reason "
+        "'binary', 'sensitive', 'over 1 MB' or why the content is missing; a change of the "
+        "mode alone has an empty patch and its reason. Entries that would take the result "
+        "over %d bytes are left out and counted in omitted.diff." % (tc.PATCH_LINE_LIMIT,
+                                                                      RESULT_BUDGET),
+        "items": {"type": "object", "properties": {
+            "path": {"type": "string"}, "change": {"enum": ["write", "delete", "replace"]},
+            "added": {"type": ["integer", "null"]}, "removed": {"type": ["integer", "null"]},
+            "patch": NULLABLE_STR, "reason": NULLABLE_STR},
+            "required": ["path", "change", "added", "removed", "patch", "reason"]}}
 PLAN = {"type": "object", "properties": {
     "to_delete": STR_LIST, "to_write": STR_LIST, "to_replace": STR_LIST,
     "unrestorable": SKIPPED}, "required": ["to_delete", "to_write", "to_replace", "unrestorable"]}
@@ -292,12 +305,12 @@ def call_capture(cp, a):
 
 def call_show(cp, a):
     return cp.show(a["root"], **present(a, "task_id", "index", "include_drift", "limit",
-                                        "cursor"))
+                                        "cursor", "diff"))
 
 
 def call_restore(cp, a):
-    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply", "expected_head",
-                                           "agent"))
+    return cp.restore(a["root"], **present(a, "index", "drift_id", "apply", "task_id", "paths",
+                                           "diff", "plan_id", "expected_head", "agent"))
 
 
 def call_resume(cp, a):
@@ -346,7 +359,9 @@ class Tool(NamedTuple):
     arguments fit input and have the schema's defaults filled in (see
     normalized), so a handler never restates a default. long_lists: the
     lists of a result fit_result cuts, by place ("plan.to_write"); None for
-    a result that is passed on whole."""
+    a result that is passed on whole. byte_lists: top-level lists of large
+    entries (a diff's patches) that get the room the rest of the result
+    leaves, entry by entry (see fit_entries)."""
 
     hints: Hints
     description: str
@@ -354,6 +369,7 @@ class Tool(NamedTuple):
     output: dict
     handler: Callable[[tc.Checkpoints, dict], dict]
     long_lists: tuple[str, ...] | None = None
+    byte_lists: tuple[str, ...] = ()
 
 
 # The one place a tool is declared: tools/list, the argument checks, the
@@ -454,7 +470,8 @@ TOOLS = {
         hints=Hints("List steps and drift records", read_only=True, idempotent=True),
         description="List the steps of the active task (or of task_id), newest last, a page "
                     "at a time; include_drift adds the drift records that belong to the page's "
-                    "steps; index shows one step with its files.",
+                    "steps; index shows one step with its files, and with diff: true what that "
+                    "step changed.",
         input=s_obj({
             "root": ROOT, "task_id": TASK_ID,
             "index": s_int("Show this step with its files.", minimum=1),
@@ -462,22 +479,32 @@ TOOLS = {
             "limit": s_int("Items per page.", minimum=1, maximum=200, default=50),
             "cursor": s_int("Where the page starts (next_cursor of the previous page).",
                             minimum=0, default=0),
+            "diff": s_bool("With index: add 'diff', what that step changed against the step "
+                           "before it (the first step against the task's baseline)."),
         }, ["root"]),
         output=s_out({
             "steps": {"type": "array"}, "drifts": {"type": "array"},
             "head": {"type": "integer"}, "next_cursor": {"type": ["integer", "null"]},
-            "task_id": {"type": "string"}, "status": {"type": "string"}, "omitted": OMITTED},
+            "task_id": {"type": "string"}, "status": {"type": "string"}, "diff": DIFF,
+            "omitted": OMITTED},
             ["steps", "drifts", "head", "next_cursor", "omitted"]),
         handler=call_show,
         # The drift records of a page (those of its steps), and each one's
         # added, modified and deleted; the steps themselves come in pages.
         long_lists=("drifts",),
+        byte_lists=("diff",),
     ),
     "tc_restore": Tool(
         hints=Hints("Restore a step or a drift record", destructive=True),
         description="Roll the workspace back (or forward) to a step (index) or a drift "
-                    "record (drift_id). apply: false previews the plan; apply: true does it "
-                    "and returns 'recovered', the drift id that undoes it.",
+                    "record (drift_id) of the active task, or of the task task_id names (a "
+                    "closed one too: its files are written here and the undo is recorded "
+                    "in the open task). paths limits it to some files and folders. "
+                    "apply: false previews the plan (diff: true adds each file's diff); "
+                    "apply: true with the preview's plan_id does it only if nothing changed "
+                    "since, and returns 'recovered', the drift id that undoes it, a "
+                    "'receipt' of the files read back, the steps it 'voided' and a 'note' "
+                    "to paste into the conversation.",
         input=s_obj({
             "root": ROOT,
             "index": s_int("Step number to restore.", minimum=1),
@@ -486,15 +513,47 @@ TOOLS = {
             "apply": s_bool("false: preview only; true: change the workspace."),
             "expected_head": expected_head_schema("; checked only with apply: true"),
             "agent": AGENT,
+            "task_id": s_str("The task whose step or drift record is restored; defaults to "
+                             "the active task. Another task of this workspace (a closed one "
+                             "included) is left unchanged: the restore is recorded in the "
+                             "open task.", max_length=128, min_length=1),
+            "paths": s_list("Restore only these workspace-relative files or folders "
+                            "('/'-separated, a folder meaning everything under it); every "
+                            "other file stays as it is and the head does not move.",
+                            item_length=PATH_LIMIT),
+            "diff": s_bool("Add 'diff': for each planned file, a unified diff from the "
+                           "workspace now to the target."),
+            "plan_id": s_str("With apply: true, the plan_id its preview returned: refused, "
+                             "with nothing written, when the plan is no longer the same.",
+                             max_length=64, min_length=64),
         }, ["root"]),
         output=s_out({
             "applied": {"type": "boolean"}, "recovered": NULLABLE_STR, "plan": PLAN,
             "skipped_paths": SKIPPED, "head": {"type": "integer"}, "target": {"type": "string"},
-            "omitted": OMITTED},
-            ["applied", "recovered", "plan", "skipped_paths", "omitted"]),
+            "plan_id": {"type": "string", "description": "A digest of the target and of the "
+                        "current state of every planned path; pass it with apply: true."},
+            "receipt": {"type": ["object", "null"], "description": "After an apply (null "
+                        "for a preview): verified counts the files read back as restored "
+                        "(or found gone); mismatched lists the others, which tc_resume's "
+                        "health names until the next save.", "properties": {
+                            "verified": {"type": "integer"}, "mismatched": SKIPPED},
+                        "required": ["verified", "mismatched"]},
+            "voided": {"type": "array", "description": "The steps after the target up to the "
+                       "head it replaces, newest first: their conclusions no longer describe "
+                       "the files on disk. Empty for a drift, paths or other task's restore.",
+                       "items": {"type": "object", "properties": {
+                           "index": {"type": "integer"}, "title": {"type": "string"},
+                           "conclusion": {"type": "string"}},
+                           "required": ["index", "title", "conclusion"]}},
+            "note": {"type": "string", "description": "Plain lines to paste into the "
+                     "conversation: what was restored, which steps it undid, how to undo it."},
+            "diff": DIFF, "omitted": OMITTED},
+            ["applied", "recovered", "plan", "skipped_paths", "plan_id", "receipt", "voided",
+             "note", "omitted"]),
         handler=call_restore,
         long_lists=("skipped_paths", "plan.to_delete", "plan.to_write",
-                    "plan.to_replace", "plan.unrestorable"),
+                    "plan.to_replace", "plan.unrestorable", "voided", "receipt.mismatched"),
+        byte_lists=("diff",),
     ),
     "tc_resume": Tool(
         hints=Hints("Pick the task up", read_only=True, idempotent=True),
@@ -717,11 +776,14 @@ def fit_result(name, result):
     (bound_texts); the list limits are then halved, not below LIST_FLOOR,
     while the result's JSON is over RESULT_BUDGET bytes: long paths or long
     texts must not push a result past what a client passes on to the model.
-    What is not in these lists (a page of steps) can keep it over."""
+    What is not in these lists (a page of steps) can keep it over. A list of
+    large entries (the tool's byte_lists: a diff) then gets the room the
+    rest leaves under RESULT_BUDGET (fit_entries)."""
     tool = TOOLS.get(name)
     if tool is None or tool.long_lists is None or not isinstance(result, dict):
         return result
     result = dict(result)
+    sized = {key: result.pop(key) for key in tool.byte_lists if isinstance(result.get(key), list)}
     texts_omitted = {}
     if name in ("tc_resume", "tc_show"):
         handoff = result.get("handoff")
@@ -738,8 +800,54 @@ def fit_result(name, result):
             bounded, omitted = shorter, more
             size = encoded_size(bounded)
     omitted.update(texts_omitted)
+    for key, entries in sized.items():
+        room = RESULT_BUDGET - size - OMITTED_ROOM
+        bounded[key], left_out = fit_entries(entries, room)
+        size += encoded_size(bounded[key])
+        if left_out:
+            omitted[key] = left_out
     bounded["omitted"] = omitted
     return bounded
+
+
+OMITTED_ROOM = 1_000  # bytes kept for "omitted" when the room of a byte list is shared out
+
+
+def fit_entries(entries, room):
+    """(the first entries whose JSON fits room bytes, at most RESULT_LIST_LIMIT
+    of them; how many were left out). The first entry that does not fit
+    whole keeps as many lines of its patch as fit, its last line saying how
+    many it left out; the entries after it are left out."""
+    kept = []
+    room -= 2  # the list's brackets
+    for entry in entries[:RESULT_LIST_LIMIT]:
+        size = encoded_size(entry) + 2  # and a separator
+        if size <= room:
+            kept.append(entry)
+            room -= size
+            continue
+        shorter = shorter_patch(entry, room - 2)
+        if shorter is not None:
+            kept.append(shorter)
+        break
+    return kept, len(entries) - len(kept)
+
+
+def shorter_patch(entry, room):
+    """entry with its patch cut to the most lines that fit room bytes, or
+    None when not even its file lines fit."""
+    patch = entry.get("patch") if isinstance(entry, dict) else None
+    if not isinstance(patch, str):
+        return None
+    low, high, best = 2, len(tc.patch_lines(patch)), None
+    while low <= high:  # the most lines kept whose entry fits
+        middle = (low + high) // 2
+        candidate = dict(entry, patch=tc.cut_patch(patch, middle))
+        if encoded_size(candidate) <= room:
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
 
 
 def encoded_size(result):
@@ -764,10 +872,11 @@ def cut_lists(name, result, limit):
         *parents, key = label.split(".")
         for part in parents:
             child = holder.get(part)
-            child = dict(child) if isinstance(child, dict) else {}
-            holder[part] = child
-            holder = child
-        cut(holder, key, label)
+            if not isinstance(child, dict):  # (a null receipt) nothing to cut
+                break
+            holder[part] = holder = dict(child)
+        else:
+            cut(holder, key, label)
     if name == "tc_show" and isinstance(result.get("drifts"), list):
         room = DRIFT_PAGE_LIMIT * limit // RESULT_LIST_LIMIT
         drifts = []
@@ -2074,11 +2183,11 @@ def diff_text(entries, stat):
 def run_diff(cp, root, args):
     if args.other is None:
         result = restore_call(cp, root, str(args.index))
-        header = "workspace now (---) against step %d (+++):" % args.index
+        header = "the workspace now (-) against step %d (+):" % args.index
     elif abs(args.other - args.index) == 1:
         later = max(args.index, args.other)
         result = call_tool(cp, "tc_show", root=root, index=later, diff=True)
-        header = "step %d (---) against step %d (+++):" % (later - 1, later)
+        header = "step %d (-) against step %d (+):" % (later - 1, later)
     else:
         raise UsageError("diff N M compares neighbouring steps (M is N-1 or N+1); "
                          "`tc-mcp diff N` compares step N with the workspace")
@@ -2105,10 +2214,9 @@ def restore_text(result, what):
         if result.get("diff") is not None:
             lines += ["", diff_text(result["diff"], False)]
         return "\n".join(lines)
+    lines = ["restored %s:" % what] + plan_lines(result)
     if result.get("note"):
-        lines = [result["note"].rstrip("\n")]
-    else:
-        lines = ["restored %s:" % what] + plan_lines(result)
+        lines += ["", result["note"].rstrip("\n"), ""]
     lines.append("recovered: %s (tc-mcp undo --apply puts the workspace back as it was)"
                  % result["recovered"])
     return "\n".join(lines)

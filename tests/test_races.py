@@ -52,6 +52,18 @@ class EditsWhileWriting(EditedMeanwhileTest):
         self.cp.restore(self.root, drift_id=undo["recovered"], apply=True)
         self.assertEqual(self.read("replaced.txt"), meanwhile["replaced.txt"])
 
+    def test_a_file_written_meanwhile_beside_an_unrestorable_one(self):
+        # The files left as they are and those the plan could never restore
+        # (a sensitive one here) are reported side by side.
+        self.two_steps()
+        self.write(".env", "TOKEN=changed since step 1\n")
+        self.edit_once_the_journal_is_written({"replaced.txt": b"meanwhile\n"})
+        res = self.cp.restore(self.root, index=1, apply=True)
+        self.assertEqual([item["path"] for item in res["skipped_paths"]], ["replaced.txt"])
+        self.assertIn(".env", [item["path"] for item in res["plan"]["unrestorable"]])
+        self.assertEqual(self.read("replaced.txt"), b"meanwhile\n")
+        self.assertEqual(self.read("plain.txt"), b"plain 1\n")
+
     def test_the_next_save_records_what_was_written_meanwhile(self):
         self.two_steps()
         self.edit_once_the_journal_is_written({"replaced.txt": b"meanwhile\n"})
@@ -309,8 +321,8 @@ class FolderSwappedAfterTheScanTests(WorkspaceTest):
         real_scan = tc.scan_tree
         done = []
 
-        def scan_then_change(root, policy, dirs=None):
-            result = real_scan(root, policy, dirs)
+        def scan_then_change(root, policy, dirs=None, **options):
+            result = real_scan(root, policy, dirs, **options)
             if root == self.root and not done:
                 done.append(True)
                 change()

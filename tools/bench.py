@@ -16,6 +16,8 @@ measures the floors of the same work on the same files:
                 copying every file into two scratch directories, then one
                 os.sync() that flushes the copies
   hash changed  reading and sha256-hashing only the files an operation changed
+  diff changed  reading each changed text file and its stored version, and
+                difflib.unified_diff of the two (what a diff adds to a plan)
   git snapshot  `git add -A` + `git write-tree` with a temporary GIT_INDEX_FILE;
                 for a save after a change, git's next snapshot of that change
                 (its index kept from the snapshot before), timed before the
@@ -32,8 +34,11 @@ target = the issue's budget / floor, so a row passes when ratio <= target; a
 row whose floor is under 5 ms has an allowance of 3 ms on top (it passes when
 ms <= target x floor + 3 ms, and its target reads "+3 ms").
 Budgets: save with no change and resume 3x walk; save or capture after a
-change and restore preview 3x walk + 1.5x hash changed; restore apply 3x walk
-+ 2x copy changed; init and export 1.5x (hash + copy all + os.sync); import
+change and restore preview 3x walk + 1.5x hash changed; a restore preview with
+diff that plus 1.5x diff changed (reading both sides of each changed text file
+and difflib's unified diff of them, in this process); restore
+apply, and a paths restore of one file (its row beside the whole tree's, from
+the same state), 3x walk + 2x copy changed; init and export 1.5x (hash + copy all + os.sync); import
 1.5x (copy all twice + os.sync); first save 1.5x copy all; a save in a git
 repository the same save without git (the medium run) + 1.5x git's snapshot;
 an idle watcher tick 2x walk. The run ends with how many of its timed rows
@@ -61,6 +66,7 @@ Standard library only; not part of the unit suite.
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
 import os
@@ -94,6 +100,7 @@ IMPORT_FLOOR = "copy all twice + os.sync"
 TARGET_SAVE_CLEAN = "3x walk"
 TARGET_CHANGE = "3x walk + 1.5x hash changed"
 TARGET_APPLY = "3x walk + 2x copy changed"
+TARGET_DIFF = "3x walk + 1.5x hash changed + 1.5x diff changed"
 TARGET_COPY = "1.5x copy all"
 TARGET_INIT = "1.5x (%s)" % INIT_FLOOR
 TARGET_IMPORT = "1.5x (%s)" % IMPORT_FLOOR
@@ -868,6 +875,7 @@ class Run:
                       "step 1 differ" % (planned, len(existing), len(written)))
         self.change_row("restore preview -> s1 (%d differ)" % len(existing), ms, existing,
                         "restore preview")
+        self._restore_trust_rows(srv, root, reps, existing, written, step1)
         before = {rel: file_sha(ws.full(rel)) for rel in existing}
         copy_floor_rels = existing  # current versions: about the sizes a restore writes
         copied = self.copy_changed("restore apply", copy_floor_rels)
@@ -919,6 +927,39 @@ class Run:
             self.raw["compress"] = result
             self.row("compress (reclaim %d)" % result["converted"], ms, "stat walk", self.walk,
                      None, "-")
+
+    def _restore_trust_rows(self, srv, root, reps, existing, written, step1):
+        """A preview with diff, and a paths restore of one file (undone
+        after, untimed), so the whole-tree restore that follows starts from
+        the same state."""
+        ms, _r = self._repeat(srv, "restore preview + diff -> step 1", reps, None, "tc_restore",
+                              {"root": root, "index": 1, "diff": True})
+        if ms is not None:
+            hashed = self.raw["floors"]["hash changed: restore preview"]["ms"]
+            payload = os.path.join(root, ".checkpoints", "payload")
+            pairs = [(self.ws.full(rel), os.path.join(payload, step1[rel][:2], step1[rel]))
+                     for rel in existing if rel in step1]
+            diffed = self.floor("diff changed: restore preview", lambda: diff_pairs(pairs),
+                                reps)
+            self.row("restore preview + diff -> s1 (%d differ)" % len(existing), ms,
+                     "walk + hash + diff %d changed" % len(existing),
+                     self.walk + hashed + diffed, 3 * self.walk + 1.5 * hashed + 1.5 * diffed,
+                     TARGET_DIFF)
+        one = next((rel for rel in written if rel in set(existing)), None)
+        if one is None:
+            self.note("no file differs on both sides: no paths restore row")
+            return
+        copied = self.copy_changed("restore 1 file", [one])
+        result, ms = self._call(srv, "restore 1 file (paths) -> s1", "tc_restore", root=root,
+                                index=1, paths=[one], apply=True)
+        if result is None:
+            return
+        self.row("restore 1 file (paths) -> s1", ms, "walk + copy 1 changed",
+                 self.walk + copied, 3 * self.walk + 2 * copied, TARGET_APPLY)
+        try:
+            srv.tool("tc_restore", root=root, drift_id=result["recovered"], apply=True)
+        except BenchError as exc:
+            self.note("undoing the paths restore failed: %s" % exc)
 
     def _git_row(self, op, ms, git_floors, same_op, floor_kind):
         """Target: the same save without git (medium run) + 1.5x git's own snapshot."""
@@ -979,6 +1020,24 @@ def step_files(srv, root, index):
         files.update((f["path"], f["sha256"]) for f in shown["steps"][0]["files"])
         cursor = shown["next_cursor"]
     return files
+
+
+def diff_pairs(pairs):
+    """difflib's unified diff of each (workspace file, stored copy) pair that
+    is text of at most 1 MB on both sides, as a diff entry needs it."""
+    for here, stored in pairs:
+        texts = []
+        for path in (here, stored):
+            with open(path, "rb") as fh:
+                data = fh.read(CHUNK + 1)
+            if len(data) > CHUNK or b"\x00" in data:
+                break
+            try:
+                texts.append(data.decode("utf-8").split("\n"))
+            except UnicodeDecodeError:
+                break
+        if len(texts) == 2:
+            list(difflib.unified_diff(texts[0], texts[1], "a", "b", n=3, lineterm=""))
 
 
 def file_sha(path):
