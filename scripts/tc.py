@@ -2345,18 +2345,19 @@ def check_unchanged(fd, st, count, sha, started_ns):
 
     started_ns: time.time_ns() as the read began. A file changed within
     RECENT_NS of that moment may have been written during the read with
-    its times left as they were: once its change is RECENT_NS old, its
-    bytes are read once more and must hash the same, so what was read is a
-    state it had, not one a write still under way passed through. Only
-    files changed just before they are read pay for the wait (at most
-    RECENT_NS) and the second read. A write that stalls for longer than
-    that halfway through leaves the file in that state meanwhile: it is
-    then what the file holds, and may be recorded as such."""
+    its times left as they were: its bytes are read once more and must
+    hash the same, so what was read is a state it had, not one a write
+    still under way passed through. A file over READ_WHOLE_LIMIT is read
+    again only once its change is RECENT_NS old (a write of that size takes
+    a while to copy); a smaller one, read in one go, at once. Only files
+    changed just before they are read pay for the second read. A write
+    that stalls halfway for longer than that leaves the file in that state
+    meanwhile: it is then what the file holds, and may be recorded so."""
     if not _times_moved(os.fstat(fd), st):
         changed_at = max(st.st_mtime_ns, st.st_ctime_ns)
         if started_ns - RECENT_NS <= changed_at <= started_ns + RECENT_NS:
             settle = changed_at + RECENT_NS - time.time_ns()
-            if settle > 0:
+            if settle > 0 and count > READ_WHOLE_LIMIT:
                 time.sleep(settle / 1e9)
             if _prefix_sha(fd, count) != sha:
                 raise ChangedWhileRead()
@@ -4537,12 +4538,12 @@ def sweep_temp_files(directory):
 class Store:
     """One store directory: lock, payloads, per-task records, the active pointer."""
 
-    def __init__(self, directory, log):
+    def __init__(self, directory, log, *, lock_timeout=LOCK_TIMEOUT):
         self.directory = directory
         self.log = log
         self.payloads = PayloadStore(os.path.join(directory, "payload"))
-        self.lock = StoreLock(os.path.join(directory, "state.lock"),
-                              on_acquire=self.recover, on_release=self.end_write)
+        self.lock = StoreLock(os.path.join(directory, "state.lock"), on_acquire=self.recover,
+                              on_release=self.end_write, timeout=lock_timeout)
         self._tasks = {}
         self._writing = False
         self._rollback_failures = {}  # journal folder -> error of its last rollback
@@ -5017,9 +5018,10 @@ class Workspaces:
     call), the store a workspace names, and resolving a root to a
     Workspace with its task."""
 
-    def __init__(self, config, log):
+    def __init__(self, config, log, *, lock_timeout=LOCK_TIMEOUT):
         self.config = config
         self.log = log
+        self.lock_timeout = lock_timeout  # how long a call waits for a store another holds
         self._stores = {}
         self._lock = threading.RLock()
 
@@ -5028,7 +5030,8 @@ class Workspaces:
         with self._lock:
             store = self._stores.get(directory)
             if store is None:
-                store = self._stores[directory] = Store(directory, self.log)
+                store = self._stores[directory] = Store(directory, self.log,
+                                                        lock_timeout=self.lock_timeout)
             return store
 
     def store_dir_for(self, root):
@@ -10038,12 +10041,14 @@ class Checkpoints:
     task), take the store lock, run the operation, then note the workspace
     for the watcher. The operations themselves are the classes above."""
 
-    def __init__(self, config=None, *, log=None):
+    def __init__(self, config=None, *, log=None, lock_timeout=LOCK_TIMEOUT):
+        """lock_timeout: how long a call waits for a store another process
+        holds (a hook waits little: its client waits for it)."""
         self.config = config or Config.from_env()
         self._log_sink = log
         self._lock = threading.RLock()
         self._watched = {}  # root -> the store directory its task is in
-        self.workspaces = Workspaces(self.config, self.log)
+        self.workspaces = Workspaces(self.config, self.log, lock_timeout=lock_timeout)
         self.policies = PolicyCache()
         self.recorder = Recorder(self.config, self.policies, self.log)
         self.git = GitRefWriter(enabled=self.config.git, verify=self.config.git_verify,

@@ -47,7 +47,6 @@ def _drop_working_directory():
 if __name__ == "__main__" and __spec__ is not None:
     _drop_working_directory()
 
-import calendar  # noqa: E402
 import collections  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
@@ -55,7 +54,6 @@ import re  # noqa: E402
 from json.decoder import scanstring as scan_json_string  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from typing import Callable, NamedTuple  # noqa: E402
 
 if __package__ in (None, "") and os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -334,17 +332,17 @@ def call_compress(cp, a):
 # The tools: each declared once, in TOOLS
 # ---------------------------------------------------------------------------
 
-class Hints(NamedTuple):
+# (collections.namedtuple rather than typing.NamedTuple: the typing module
+# costs every server start a few milliseconds.)
+class Hints(collections.namedtuple("Hints", "title read_only destructive idempotent",
+                                   defaults=(False, False, False))):
     """What a client may show or decide before calling a tool: its title,
     whether it only reads, whether it may overwrite or delete what it cannot
     give back by itself (a restore or an import overwrites workspace files,
     which its recovered record brings back; compress deletes stored content
     for good), and whether calling it again has the same effect."""
 
-    title: str
-    read_only: bool = False
-    destructive: bool = False
-    idempotent: bool = False
+    __slots__ = ()
 
     def annotations(self):
         return {"title": self.title, "readOnlyHint": self.read_only,
@@ -352,24 +350,20 @@ class Hints(NamedTuple):
                 "openWorldHint": False}
 
 
-class Tool(NamedTuple):
+class Tool(collections.namedtuple("Tool", "hints description input output handler long_lists "
+                                          "byte_lists", defaults=(None, ()))):
     """One tool, as tools/list shows it and tools/call checks and runs it.
 
-    handler(checkpoints, arguments) returns the result as a plain dict; its
-    arguments fit input and have the schema's defaults filled in (see
-    normalized), so a handler never restates a default. long_lists: the
-    lists of a result fit_result cuts, by place ("plan.to_write"); None for
-    a result that is passed on whole. byte_lists: top-level lists of large
-    entries (a diff's patches) that get the room the rest of the result
-    leaves, entry by entry (see fit_entries)."""
+    hints: Hints; input and output: the JSON schemas. handler(checkpoints,
+    arguments) returns the result as a plain dict; its arguments fit input
+    and have the schema's defaults filled in (see normalized), so a handler
+    never restates a default. long_lists: the lists of a result fit_result
+    cuts, by place ("plan.to_write"); None for a result that is passed on
+    whole. byte_lists: top-level lists of large entries (a diff's patches)
+    that get the room the rest of the result leaves, entry by entry (see
+    fit_entries)."""
 
-    hints: Hints
-    description: str
-    input: dict
-    output: dict
-    handler: Callable[[tc.Checkpoints, dict], dict]
-    long_lists: tuple[str, ...] | None = None
-    byte_lists: tuple[str, ...] = ()
+    __slots__ = ()
 
 
 # The one place a tool is declared: tools/list, the argument checks, the
@@ -2050,6 +2044,7 @@ def size_text(count):
 def age_text(created):
     """'5m ago' for an ISO time in UTC (as records have it); '' when there is none."""
     try:
+        import calendar  # only for the command line's ages
         seconds = time.time() - calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
     except (TypeError, ValueError):
         return ""
@@ -2337,6 +2332,7 @@ RUNNERS = {"status": run_status, "log": run_log, "show": run_show, "diff": run_d
 # ---------------------------------------------------------------------------
 
 HOOK_SECONDS = 4.0  # then a hook gives up and exits 0: its client waits for it
+HOOK_LOCK_SECONDS = 1.0  # ... and this long for a store another process holds
 HOOK_INPUT_LIMIT = 16 * 1024 * 1024  # bytes of the event read from stdin
 SHELL_TOOLS = ("bash", "shell")  # the shell tool's name, as Claude Code and Codex send it
 RESUME_HINT = ("task-checkpoint: this workspace has an open task (above). Call tc_resume "
@@ -2360,7 +2356,7 @@ def run_hook(argv):
     log = Logger(Quiet())
     try:
         event, problem = read_event()
-        cp = tc.Checkpoints(tc.Config.from_env(), log=log)
+        cp = tc.Checkpoints(tc.Config.from_env(), log=log, lock_timeout=HOOK_LOCK_SECONDS)
         cwd = event.get("cwd")
         start = cwd if isinstance(cwd, str) and os.path.isabs(cwd) and os.path.isdir(cwd) \
             else os.getcwd()
