@@ -202,7 +202,8 @@ def parse_bool(value, default):
 # The TC_* variables Config reads: switches and seconds, by Config field.
 ENV_SWITCHES = (("TC_WATCH", "watch"), ("TC_WATCH_EVENTS", "watch_events"),
                 ("TC_GIT", "git"), ("TC_GIT_VERIFY", "git_verify"),
-                ("TC_SHA_REUSE", "sha_reuse"), ("TC_FULL_HASH", "full_hash"))
+                ("TC_SHA_REUSE", "sha_reuse"), ("TC_FULL_HASH", "full_hash"),
+                ("TC_GITIGNORE", "gitignore"))
 ENV_SECONDS = (("TC_WATCH_INTERVAL", "watch_interval"), ("TC_DRIFT_MAX_WAIT", "drift_max_wait"))
 SECONDS_MINIMUM = 0.05
 SECONDS_MAXIMUM = 366 * 86400  # a year; far below what a thread's wait accepts
@@ -244,8 +245,8 @@ def threads_setting(value):
 
 class Config(collections.namedtuple(
         "Config", "store watch watch_interval watch_events drift_max_wait git git_verify "
-                  "sha_reuse full_hash store_budget",
-        defaults=(None, True, 15.0, True, 60.0, True, True, False, False, None))):
+                  "sha_reuse full_hash store_budget gitignore",
+        defaults=(None, True, 15.0, True, 60.0, True, True, False, False, None, True))):
     """Settings read once from the environment and passed down: the store
     (a path or None), then the switches and seconds that TC_* variables set,
     and the store's budget in bytes (None: the store never shrinks by itself)."""
@@ -2041,6 +2042,549 @@ class PolicyCache:
             self._policies = {}
 
 
+# - - - Git's ignore rules: pure decisions, no I/O (see GitView for their use) ---
+
+def byte_view(text, fold=False):
+    """text (a path or a name as os.scandir gives it) in the form patterns are
+    matched against: one character per byte of its file-system encoding,
+    ASCII letters lowered when fold."""
+    if text.isascii():
+        return text.lower() if fold else text
+    raw = os.fsencode(text)
+    return (raw.lower() if fold else raw).decode("latin-1")
+
+
+def fold_path(text):
+    """text with its ASCII letters lowered, nothing else changed (git's
+    case-insensitive comparisons fold ASCII only)."""
+    if text.isascii():
+        return text.lower()
+    return os.fsdecode(os.fsencode(text).lower())
+
+
+def _ascii_lower(text):
+    return text.encode("latin-1").lower().decode("latin-1")
+
+
+# What wildmatch's [:name:] classes hold, over byte values (ASCII only, and
+# git's own isspace: no vertical tab or form feed).
+_CLASS_TESTS = {
+    "alnum": lambda c: c.isascii() and c.isalnum(),
+    "alpha": lambda c: c.isascii() and c.isalpha(),
+    "blank": lambda c: c in " \t",
+    "cntrl": lambda c: ord(c) < 32 or ord(c) == 127,
+    "digit": lambda c: "0" <= c <= "9",
+    "graph": lambda c: 33 <= ord(c) <= 126,
+    "lower": lambda c: "a" <= c <= "z",
+    "print": lambda c: 32 <= ord(c) <= 126,
+    "punct": lambda c: 33 <= ord(c) <= 126 and not c.isalnum(),
+    "space": lambda c: c in " \t\n\r",
+    "upper": lambda c: "A" <= c <= "Z",
+    "xdigit": lambda c: c in "0123456789abcdefABCDEF",
+}
+
+
+def _bracket_items(pattern, at):
+    """The members of the bracket expression whose "[" is just before at,
+    read as git's wildmatch reads them, and the index after its "]"; None
+    when it is malformed (no closing "]", a trailing backslash, an unknown
+    [:class:]), which makes the whole pattern match nothing."""
+    end = len(pattern)
+    char = pattern[at] if at < end else ""
+    negated = char in ("!", "^")
+    if negated:
+        at += 1
+        char = pattern[at] if at < end else ""
+    items, previous = [], ""
+    while True:
+        if not char:
+            return None
+        if char == "\\":
+            at += 1
+            char = pattern[at] if at < end else ""
+            if not char:
+                return None
+            items.append(("eq", char))
+        elif char == "-" and previous and at + 1 < end and pattern[at + 1] != "]":
+            at += 1
+            char = pattern[at]
+            if char == "\\":
+                at += 1
+                char = pattern[at] if at < end else ""
+                if not char:
+                    return None
+            items.append(("range", previous, char))
+            char = ""  # a range is not the start of the next one
+        elif char == "[" and pattern.startswith(":", at + 1):
+            close = pattern.find("]", at + 2)
+            if close < 0:
+                return None
+            if close - at - 3 < 0 or pattern[close - 1] != ":":
+                items.append(("eq", "["))  # no ":]": the "[" is an ordinary member
+            else:
+                name = pattern[at + 2:close - 1]
+                if name not in _CLASS_TESTS:
+                    return None
+                items.append(("class", name))
+                at, char = close, ""
+        else:
+            items.append(("eq", char))
+        previous = char
+        at += 1
+        char = pattern[at] if at < end else ""
+        if char == "]":
+            return items, negated, at + 1
+
+
+def _bracket_regex(items, negated, fold):
+    """A regex character class of every byte the bracket takes ("/" never),
+    or None when it takes none. Under fold the name was lowered first, and
+    members are compared as written (so [A] takes nothing) while ranges also
+    take a lowered letter whose capital is in range: wildmatch's rules."""
+    taken = []
+    for code in range(1, 256):
+        char = chr(code)
+        if char == "/":
+            continue
+        hit = False
+        for item in items:
+            kind = item[0]
+            if kind == "eq":
+                hit = char == item[1]
+            elif kind == "range":
+                hit = item[1] <= char <= item[2] or (
+                    fold and "a" <= char <= "z" and item[1] <= char.upper() <= item[2])
+            else:
+                hit = _CLASS_TESTS[item[1]](char) or (
+                    fold and item[1] == "upper" and "a" <= char <= "z")
+            if hit:
+                break
+        if hit != negated:
+            taken.append(code)
+    if not taken:
+        return None
+    runs, start = [], taken[0]
+    for previous, code in zip(taken, taken[1:] + [None]):
+        if code != previous + 1:
+            runs.append("\\x%02x" % start if start == previous
+                        else "\\x%02x-\\x%02x" % (start, previous))
+            start = code
+    return "[" + "".join(runs) + "]"
+
+
+def wildmatch_regex(pattern, *, fold=False):
+    """Regex source that fully matches what git's wildmatch with WM_PATHNAME
+    matches of pattern, or None when the pattern can match nothing.
+
+    "*" and "?" stop at "/"; "**" between slashes (or at either end of
+    pattern) crosses them, "**/" also matching no folder at all; any other
+    "**" is one "*". Note "at the start of pattern": git calls wildmatch
+    on what follows a pattern's literal prefix, so in "foo**/bar" the "**"
+    counts as leading. Under fold the name is lowered first: literals are
+    lowered too, but an escaped capital ("\\A") matches nothing, as in git.
+    The regex works on byte-view text (see byte_view), with re.DOTALL.
+    """
+    out, at, end = [], 0, len(pattern)
+    while at < end:
+        char = pattern[at]
+        if char == "*":
+            run = at
+            while run < end and pattern[run] == "*":
+                run += 1
+            if run - at > 1 and (at == 0 or pattern[at - 1] == "/"):
+                if run == end:
+                    out.append(".*")
+                    at = run
+                    continue
+                if pattern[run] == "/":
+                    out.append("(?:.*/)?")
+                    at = run + 1
+                    continue
+                if pattern.startswith("\\/", run):
+                    out.append(".*")
+                    at = run
+                    continue
+            out.append("[^/]*")
+            at = run
+            continue
+        if char == "?":
+            out.append("[^/]")
+            at += 1
+            continue
+        if char == "[":
+            parsed = _bracket_items(pattern, at + 1)
+            if parsed is None:
+                return None
+            items, negated, at = parsed
+            klass = _bracket_regex(items, negated, fold)
+            if klass is None:
+                return None
+            out.append(klass)
+            continue
+        if char == "\\":
+            at += 1
+            if at == end:
+                return None  # a trailing backslash never matches
+            char = pattern[at]  # kept as written: an escaped capital never matches under fold
+        elif fold and "A" <= char <= "Z":
+            char = char.lower()
+        out.append(re.escape(char))
+        at += 1
+    return "".join(out)
+
+
+def _trim_trailing_spaces(line):
+    """line less its unescaped trailing spaces; a line ending in a lone
+    backslash keeps them all (git's trim_trailing_spaces)."""
+    last_space, at, end = None, 0, len(line)
+    while at < end:
+        char = line[at]
+        if char == " ":
+            if last_space is None:
+                last_space = at
+        elif char == "\\":
+            at += 1
+            if at == end:
+                return line
+            last_space = None
+        else:
+            last_space = None
+        at += 1
+    return line if last_space is None else line[:last_space]
+
+
+def _simple_length(text):
+    """Length of text's leading part free of glob characters (git's simple_length)."""
+    for at, char in enumerate(text):
+        if char in "*?[\\":
+            return at
+    return len(text)
+
+
+# One usable line of an ignore file. kind: "name" (exact basename), "suffix"
+# (basename ending), "name_re" (basename regex), "path" (exact path below
+# the file's folder), "path_re" (regex over that path); value: the literal
+# or the regex source, in byte view (folded under ignore_case); head: the
+# literal start every path it matches has ("" for the basename kinds).
+IgnorePattern = collections.namedtuple("IgnorePattern", "negative dir_only kind value head")
+
+
+def ignore_patterns(data, *, fold=False):
+    """The usable patterns of an ignore file's bytes, in file order.
+
+    Lines as git reads them: a UTF-8 BOM skipped, blank lines and lines
+    starting with "#" left out, a CR before the LF dropped, the line cut at a
+    NUL, unescaped trailing spaces trimmed; then "!" negates, a trailing "/"
+    takes directories only, a pattern with no other "/" matches the name at
+    any depth and any other is anchored to the file's folder (a leading "/"
+    only anchors). Patterns that can match nothing are left out: they never
+    decide anything. Never raises.
+    """
+    text = data.decode("latin-1")
+    if text.startswith("\xef\xbb\xbf"):
+        text = text[3:]
+    out = []
+    for line in text.split("\n"):
+        if not line or line[0] == "#":
+            continue
+        if line[-1] == "\r":
+            line = line[:-1]
+        line = _trim_trailing_spaces(line.split("\0", 1)[0])
+        negative = line.startswith("!")
+        if negative:
+            line = line[1:]
+        dir_only = line.endswith("/")
+        if dir_only:
+            line = line[:-1]
+        found = _pattern_kind(line, fold)
+        if found is not None:
+            out.append(IgnorePattern(negative, dir_only, *found))
+    return out
+
+
+def _pattern_kind(line, fold):
+    """(kind, value, head) of one pattern (see IgnorePattern), or None when it can
+    match nothing. The literal prefix of an anchored pattern is compared as
+    is and only the rest goes through wildmatch, as git's match_pathname
+    does."""
+    if not line:
+        return None
+    literal = _simple_length(line)
+    if "/" not in line:
+        if literal == len(line):
+            return "name", _ascii_lower(line) if fold else line, ""
+        if line[0] == "*" and _simple_length(line[1:]) == len(line) - 1:
+            return "suffix", _ascii_lower(line[1:]) if fold else line[1:], ""
+        regex = wildmatch_regex(line, fold=fold)
+        return None if regex is None else ("name_re", regex, "")
+    if line[0] == "/":
+        line, literal = line[1:], literal - 1
+    head = _ascii_lower(line[:literal]) if fold else line[:literal]
+    if literal == len(line):
+        return ("path", head, head) if head else None
+    rest = wildmatch_regex(line[literal:], fold=fold)
+    return None if rest is None else ("path_re", re.escape(head) + rest, head)
+
+
+def _compiled(sources):
+    """One fullmatch of the alternation of the regex sources (None for none)."""
+    if not sources:
+        return None
+    return re.compile("|".join("(?:%s)" % s for s in sources), re.DOTALL).fullmatch
+
+
+class _Matcher:
+    """The patterns of one file that apply to one kind of entry (files, or
+    folders). "Does any name pattern match" is answered by set, suffix and
+    one regex lookup and remembered per name (a tree repeats its names, and
+    a save walks the same tree again); path patterns are one set and one
+    regex lookup, skipped when the path starts with none of their literal
+    heads (".vscode/", "docs/": most anchored patterns have one). Only when some pattern matches and the file has a
+    negation among them are the patterns tried one by one from the last.
+    Its answers never change; the memo is bounded and safe to share
+    between threads (a race only computes an answer twice)."""
+
+    __slots__ = ("cut", "names", "suffixes", "name_re", "paths", "path_re", "heads",
+                 "any_path", "last_first", "_by_name")
+
+    MEMO_NAMES = 1 << 16
+
+    def __init__(self, patterns, cut):
+        names, suffixes, paths, name_res, path_res = set(), [], set(), [], []
+        for pattern in patterns:
+            kind, value = pattern.kind, pattern.value
+            if kind == "name":
+                names.add(value)
+            elif kind == "suffix":
+                suffixes.append(value)
+            elif kind == "path":
+                paths.add(value)
+            elif kind == "name_re":
+                name_res.append(value)
+            else:
+                path_res.append(value)
+        self.cut = cut
+        self.names = frozenset(names)
+        self.suffixes = tuple(suffixes)
+        self.name_re = _compiled(name_res)
+        self.paths = frozenset(paths)
+        self.path_re = _compiled(path_res)
+        heads = [p.head for p in patterns if p.kind in ("path", "path_re")]
+        # A pattern with no literal head ("**/x", "*/x") can match any path.
+        self.heads = tuple(heads) if all(heads) else ("",)
+        self.any_path = bool(heads)
+        self.last_first = None
+        if any(pattern.negative for pattern in patterns):
+            self.last_first = tuple((_single_test(p), p.negative) for p in reversed(patterns))
+        self._by_name = {}
+
+    def _name_hit(self, name):
+        return (name in self.names or name.endswith(self.suffixes)
+                or (self.name_re is not None and self.name_re(name) is not None))
+
+    def decide(self, path, name):
+        """True (ignored), False (re-included by a "!" pattern) or None (no
+        pattern matched) for the entry at path (byte view, relative to the
+        top) whose last component is name."""
+        hit = self._by_name.get(name)
+        if hit is None:
+            hit = self._name_hit(name)
+            if len(self._by_name) >= self.MEMO_NAMES:
+                self._by_name.clear()
+            self._by_name[name] = hit
+        if not hit:
+            if not self.any_path:
+                return None
+            sub = path[self.cut:]
+            if not sub.startswith(self.heads) or (sub not in self.paths and (
+                    self.path_re is None or self.path_re(sub) is None)):
+                return None
+        if self.last_first is None:
+            return True
+        sub = path[self.cut:]
+        for test, negative in self.last_first:
+            if test(sub, name):
+                return not negative
+        return None
+
+
+def _single_test(pattern):
+    """A test (sub, name) -> bool for one pattern (the last-match-wins path)."""
+    kind, value = pattern.kind, pattern.value
+    if kind == "name":
+        return lambda sub, name: name == value
+    if kind == "suffix":
+        return lambda sub, name: name.endswith(value)
+    if kind == "path":
+        return lambda sub, name: sub == value
+    match = _compiled([value])
+    if kind == "name_re":
+        return lambda sub, name: match(name) is not None
+    return lambda sub, name: match(sub) is not None
+
+
+class IgnoreRules:
+    """One ignore file's patterns, compiled; its answers never change.
+
+    base: the file's folder relative to the top of the work tree ("" for
+    the top and for info/exclude), so a file above the workspace root
+    matches as it does for git. for_files / for_dirs: the matchers for
+    each kind of entry (folder-only patterns in the second), None when no
+    pattern applies to that kind.
+    """
+
+    __slots__ = ("base", "cut", "for_files", "for_dirs")
+
+    def __init__(self, patterns, base):
+        self.base = base
+        self.cut = len(byte_view(base)) + 1 if base else 0
+        files = [p for p in patterns if not p.dir_only]
+        self.for_files = _Matcher(files, self.cut) if files else None
+        self.for_dirs = _Matcher(patterns, self.cut) if patterns else None
+
+    @classmethod
+    def parse(cls, data, base, *, ignore_case=False):
+        """The rules of an ignore file's bytes found in folder base (see the
+        class docstring); never raises on any bytes."""
+        return cls(ignore_patterns(data, fold=ignore_case), base)
+
+    @property
+    def empty(self):
+        return self.for_dirs is None
+
+
+class IgnoreStack:
+    """The ignore files in force in one folder of the walk, deepest first,
+    info/exclude last; immutable, each folder's stack made from its parent's
+    by child().
+
+    offset: the workspace root relative to the top of the work tree ("" or
+    "a/b"); paths given to ignored() are workspace-relative. everything:
+    the folder lies in an ignored folder (walked only for the tracked
+    paths in it): every untracked entry is ignored and no ignore file below
+    is read, as git does. parse: how child() turns bytes into IgnoreRules
+    (a caching function from GitIgnoreCache, or IgnoreRules.parse).
+    """
+
+    __slots__ = ("rules", "offset", "ignore_case", "everything", "parse",
+                 "_prefix", "_files", "_dirs")
+
+    def __init__(self, rules=(), *, offset="", ignore_case=False, everything=False,
+                 parse=None):
+        self.rules = tuple(r for r in rules if not r.empty)
+        self.offset = offset
+        self.ignore_case = ignore_case
+        self.everything = everything
+        self.parse = parse
+        self._prefix = byte_view(offset + "/", ignore_case) if offset else ""
+        self._files = tuple(r.for_files.decide for r in self.rules if r.for_files is not None)
+        self._dirs = tuple(r.for_dirs.decide for r in self.rules)
+
+    def _with(self, rules=None, *, offset=None, everything=False):
+        return IgnoreStack(self.rules if rules is None else rules,
+                           offset=self.offset if offset is None else offset,
+                           ignore_case=self.ignore_case, everything=everything,
+                           parse=self.parse)
+
+    def child(self, folder_rel, data):
+        """The stack for folder_rel (workspace-relative, "" for the root)
+        whose .gitignore holds data (None: there is none)."""
+        if self.everything or not data:
+            return self
+        base = "/".join(part for part in (self.offset, folder_rel) if part)
+        parse = self.parse or IgnoreRules.parse
+        rules = parse(data, base, ignore_case=self.ignore_case)
+        if rules.empty:
+            return self
+        return self._with((rules,) + self.rules)
+
+    def below_ignored(self):
+        """The stack for the inside of an ignored folder that holds tracked
+        paths: git still walks it, and everything untracked in it is ignored."""
+        return self if self.everything else self._with(everything=True)
+
+    def rebased(self, offset):
+        """The same rules for paths relative to offset (below the top)."""
+        return self._with(offset=offset, everything=self.everything)
+
+    def ignored(self, rel, name, is_dir):
+        """True when the untracked entry rel (workspace-relative; name its
+        last component) is ignored, given that its folder is not.
+
+        The deepest file with a matching pattern decides, by its last
+        matching pattern; folder-only patterns apply when is_dir (a
+        symbolic link is not a folder)."""
+        if self.everything:
+            return True
+        chain = self._dirs if is_dir else self._files
+        if not chain:
+            return False
+        if not rel.isascii():
+            rel, name = byte_view(rel, self.ignore_case), byte_view(name, self.ignore_case)
+        elif self.ignore_case:
+            rel, name = rel.lower(), name.lower()
+        path = self._prefix + rel
+        for decide in chain:
+            hit = decide(path, name)
+            if hit is not None:
+                return hit
+        return False
+
+    def change_ignored(self, rel, name, tracked):
+        """True when a change reported at rel (in this stack's folder; file or
+        folder, unknown which) cannot alter what the scan keeps: the entry
+        is ignored either way and untracked, and it is not an ignore file."""
+        return (name != ".gitignore" and not tracked.has(rel) and not tracked.holds_under(rel)
+                and self.ignored(rel, name, False) and self.ignored(rel, name, True))
+
+
+class TrackedSet:
+    """The paths in git's index below the workspace root (workspace-relative,
+    as os.scandir names them) and every folder that holds one. Under
+    core.ignoreCase the comparison folds ASCII case, as git's index lookups
+    do then. known is False when the index could not be read at all (no
+    path is then protected from the ignore rules)."""
+
+    __slots__ = ("paths", "folders", "ignore_case", "known")
+
+    def __init__(self, paths=(), *, ignore_case=False, known=True):
+        paths = frozenset(fold_path(p) for p in paths) if ignore_case else frozenset(paths)
+        folders = set()
+        for path in paths:
+            cut = path.rfind("/")
+            while cut > 0:
+                folder = path[:cut]
+                if folder in folders:
+                    break
+                folders.add(folder)
+                cut = path.rfind("/", 0, cut)
+        self.paths = paths
+        self.folders = frozenset(folders)
+        self.ignore_case = ignore_case
+        self.known = known
+
+    @classmethod
+    def from_index_paths(cls, raw_paths, offset, *, ignore_case=False, known=True):
+        """From index paths (bytes, relative to the top) for a workspace
+        root at offset below the top ("" or "a/b")."""
+        if offset:
+            lead = os.fsencode(offset) + b"/"
+            if ignore_case:
+                lead = lead.lower()
+                raw_paths = [p[len(lead):] for p in raw_paths if p[:len(lead)].lower() == lead]
+            else:
+                raw_paths = [p[len(lead):] for p in raw_paths if p.startswith(lead)]
+        return cls(map(os.fsdecode, raw_paths), ignore_case=ignore_case, known=known)
+
+    def has(self, rel):
+        """True when rel is in the index (a file, a link or a submodule)."""
+        return (fold_path(rel) if self.ignore_case else rel) in self.paths
+
+    def holds_under(self, folder_rel):
+        """True when some tracked path lies inside folder_rel."""
+        return (fold_path(folder_rel) if self.ignore_case else folder_rel) in self.folders
+
+
 # ---------------------------------------------------------------------------
 # 6. Scan and hash: stat only, content read in one place
 # ---------------------------------------------------------------------------
@@ -2055,7 +2599,10 @@ StatInfo = collections.namedtuple("StatInfo", "size mtime_ns ctime_ns ino dev mo
 # files: rel -> StatInfo; skipped: [{"path", "reason"}]; started_ns: when the walk began;
 # unreadable: paths the walk could not see into, folders with a trailing "/";
 # left_out: (rel, is a folder) of what a name rule left out (see PathPolicy).
-ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable left_out")
+# ignored: what git's ignore rules left out (files, folders ending in "/");
+# git: the GitView the scan decided them with, or None outside git.
+ScanResult = collections.namedtuple("ScanResult", "files skipped started_ns unreadable left_out "
+                                                  "ignored git")
 # Left out by name but never reported: the store, its pointer and git's own folder.
 
 
@@ -2150,19 +2697,118 @@ def utf8_name(name):
         return False
 
 
-def _take_listing(listing, prefix, in_sensitive, device, policy, out):
+_NO_FOLLOW_READ = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                   | getattr(os, "O_CLOEXEC", 0))
+
+
+def read_ignore_file(path, *, dir_fd=None):
+    """The bytes of a .gitignore in the work tree; None when it is missing,
+    unreadable or not a regular file. A symbolic link is not followed: git
+    refuses one there too (and warns)."""
+    try:
+        fd = os.open(path, _NO_FOLLOW_READ, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class GitView:
+    """Git's ignore decisions in one workspace, as a scan meets them and for
+    the paths asked about after it (a restore's targets, index rows the
+    scan did not see, the watcher's events): the stack of ignore files in
+    force in each folder, read once (the scan fills it as it lists each
+    folder, the others are read when asked), and the tracked paths, which
+    are never ignored. repo: what load_repo_ignores found for the root."""
+
+    __slots__ = ("root", "repo", "tracked", "watched", "stacks", "ignored_paths")
+
+    def __init__(self, root, repo):
+        self.root = root
+        self.repo = repo
+        self.tracked = repo.tracked
+        self.watched = repo.watched  # files outside the workspace that change the decisions
+        self.stacks = {}  # folder ("" the root) -> the IgnoreStack in force in it
+        self.ignored_paths = []  # what the scan left out: files, folders ending in "/"
+
+    def listed(self, folder, fd, parent):
+        """The stack of folder (no trailing "/"), which the scan has open as
+        fd (None: by path), parent's stack extended by its .gitignore."""
+        data = None
+        if not parent.everything:
+            data = (read_ignore_file(".gitignore", dir_fd=fd) if fd is not None
+                    else read_ignore_file(self._path(folder, ".gitignore")))
+        stack = self.stacks[folder] = parent.child(folder, data)
+        return stack
+
+    def stack_of(self, folder):
+        """The stack in force in folder, read now if the scan did not list it."""
+        stack = self.stacks.get(folder)
+        if stack is None:
+            if folder:
+                up, _, name = folder.rpartition("/")
+                parent = self.stack_of(up)
+                if parent.ignored(folder, name, True):
+                    parent = parent.below_ignored()
+            else:
+                parent = self.repo.stack
+            stack = self.stacks[folder] = parent.child(folder, None if parent.everything else
+                                                       read_ignore_file(self._path(folder,
+                                                                                   ".gitignore")))
+        return stack
+
+    def _path(self, folder, name):
+        return os.path.join(self.root, *(folder.split("/") if folder else ()), name)
+
+    def ignored(self, rel, is_dir=False):
+        """True when the scan leaves rel out (rel need not exist): it is not
+        tracked, and git ignores it or a folder on its way."""
+        if self.tracked.has(rel):
+            return False
+        up, _, name = rel.rpartition("/")
+        folder = ""
+        for part in up.split("/") if up else ():
+            sub = folder + "/" + part if folder else part
+            if self.stack_of(folder).ignored(sub, part, True):
+                return True
+            folder = sub
+        return self.stack_of(up).ignored(rel, name, is_dir)
+
+    def change_ignored(self, rel, name):
+        """True when a change the watcher hears of at rel cannot alter what a
+        scan keeps (see IgnoreStack.change_ignored)."""
+        stack = self.stacks.get(rel.rpartition("/")[0])
+        return stack is not None and stack.change_ignored(rel, name, self.tracked)
+
+
+def _take_listing(listing, prefix, in_sensitive, device, policy, out, ignores=None, git=None):
     """The per-file loop of scan_tree: each entry of one folder's listing
     (prefix ends in "/", or is "" for the root) goes into out = (files,
     skipped, unreadable, folders still to list, left out), with one stat
     per file and name decisions from the policy's per-name caches. A name
     rule applies to a folder at any depth and to a file at the top only
-    (see PathPolicy)."""
+    (see PathPolicy). ignores: the IgnoreStack in force in this folder
+    (git: its GitView), or None outside git: an untracked entry it ignores
+    is left out (a folder holding tracked paths is still walked, for those)."""
     files, skipped, unreadable, stack, left_out = out
     excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
     top = not prefix
+    if ignores is not None:
+        tracked, ignored_out = git.tracked, git.ignored_paths
     for entry in listing:
         name = entry.name
         if name in OWN_NAMES:
@@ -2171,6 +2817,19 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
             left_out.append((name, entry.is_dir(follow_symlinks=False)))
             continue
         rel = prefix + name
+        below = ignores
+        if ignores is not None:  # decided before anything is reported, as git does
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if ignores.ignored(rel, name, is_dir):
+                if not is_dir:
+                    if not tracked.has(rel):
+                        ignored_out.append(rel)
+                        continue
+                elif tracked.holds_under(rel) or tracked.has(rel):
+                    below = ignores.below_ignored()  # walked for its tracked paths only
+                else:
+                    ignored_out.append(rel + "/")
+                    continue
         if not name.isascii() and not utf8_name(name):
             skipped.append({"path": rel.encode("utf-8", "replace").decode("utf-8"),
                             "reason": "name is not valid UTF-8"})
@@ -2181,7 +2840,7 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out):
                     left_out.append((rel, True))
                 elif rel != store_rel:
                     stack.append((rel + "/", in_sensitive or sensitive_dir(name),
-                                  (entry.inode(), device)))
+                                  (entry.inode(), device), below))
                 continue
             st = entry.stat(follow_symlinks=False)
         except OSError as exc:
@@ -2223,7 +2882,7 @@ class PathScope:
         return [path for path in self.paths if rel == path or rel.startswith(path + "/")]
 
 
-def scan_tree(root, policy, dirs=None, within=None):
+def scan_tree(root, policy, dirs=None, within=None, git=None):
     """Walk root without following symlinks; stat only, never read content.
 
     The hot loop of every save, capture and watcher tick: name decisions come
@@ -2233,7 +2892,9 @@ def scan_tree(root, policy, dirs=None, within=None):
     within (a PathScope): only the folders on the way to its paths and
     inside them are listed, and only its files (and what stands or is
     skipped on the way to them) are returned, so the walk costs what the
-    scope holds.
+    scope holds. git (a GitView): in a git work tree, what the repository's
+    own ignore rules ignore is left out (ScanResult.ignored), untracked
+    files only, as git decides.
     """
     started = time.time_ns()
     files, skipped, unreadable, left_out = {}, [], [], []
@@ -2245,11 +2906,13 @@ def scan_tree(root, policy, dirs=None, within=None):
             known_root.append(kernel_path(root))
         return known_root[0]
 
-    stack = [("", False, None)]  # (prefix, in a sensitive folder, (inode, parent's device))
+    # (prefix, in a sensitive folder, (inode, parent's device), the parent's
+    # ignore stack or None)
+    stack = [("", False, None, git.repo.stack if git is not None else None)]
     while stack:
         if cancel is not None and cancel.is_set():
             raise Cancelled(CANCELLED_TEXT)
-        prefix, in_sensitive, expected = stack.pop()
+        prefix, in_sensitive, expected, ignores = stack.pop()
         try:
             it, fd, device, inode = _list_folder(root, prefix, expected, kernel_root)
         except OSError as exc:
@@ -2264,9 +2927,11 @@ def scan_tree(root, policy, dirs=None, within=None):
             dirs.append((prefix[:-1], inode if inode is not None else _inode_or_zero(root)))
         pending = len(stack)
         try:
+            if ignores is not None:
+                ignores = git.listed(prefix[:-1], fd, ignores)
             with it:
                 _take_listing(it, prefix, in_sensitive, device, policy,
-                              (files, skipped, unreadable, stack, left_out))
+                              (files, skipped, unreadable, stack, left_out), ignores, git)
             if within is not None:
                 stack[pending:] = [item for item in stack[pending:] if within.walks(item[0])]
         except OSError as exc:  # the listing broke off partway
@@ -2288,7 +2953,18 @@ def scan_tree(root, policy, dirs=None, within=None):
                    if item["path"] in within or within.walks(item["path"] + "/")]
         unreadable = [rel for rel in unreadable
                       if rel.rstrip("/") in within or within.walks(rel.rstrip("/") + "/")]
-    return ScanResult(files, skipped, started, unreadable, left_out)
+    return ScanResult(files, skipped, started, unreadable, left_out,
+                      git.ignored_paths if git is not None else [], git)
+
+
+def gone_rows(scan, rows):
+    """The paths of index rows the scan did not find: gone, unless the scan
+    could not read them, or git now ignores them (no save records those
+    as deleted)."""
+    unseen = unseen_test(scan.unreadable)
+    ignored = scan.git.ignored if scan.git is not None else None
+    return [rel for rel in rows if rel not in scan.files and not unseen(rel)
+            and not (ignored is not None and ignored(rel))]
 
 
 def unseen_test(paths):
@@ -6240,45 +6916,9 @@ def index_digest(path, oid_bytes):
 
 
 def _index_entries_digest(data, oid_bytes):
-    if data[:4] != b"DIRC":
-        raise ValueError("not an index")
-    version, count = struct.unpack_from(">II", data, 4)
-    if version not in (2, 3, 4):
-        raise ValueError("index version %d" % version)
-    digest = hashlib.sha256(b"%d\0" % count)
-    pos, previous = 12, b""
-    for _ in range(count):
-        mode = data[pos + 24:pos + 28]
-        oid_end = pos + 40 + oid_bytes
-        flags = int.from_bytes(data[oid_end:oid_end + 2], "big")
-        name = oid_end + 2
-        if flags & 0x4000:
-            if version < 3:
-                raise ValueError("extended flags in a version 2 index")
-            name += 2
-        if version == 4:
-            # Path compressed against the previous one: a varint of bytes to drop.
-            byte = data[name]
-            strip = byte & 0x7F
-            name += 1
-            while byte & 0x80:
-                byte = data[name]
-                strip = ((strip + 1) << 7) | (byte & 0x7F)
-                name += 1
-            if strip > len(previous):
-                raise ValueError("bad path compression")
-            end = data.index(b"\0", name)
-            path = previous[:len(previous) - strip] + data[name:end]
-            pos = end + 1
-        else:
-            end = data.index(b"\0", name)
-            path = data[name:end]
-            pos += (end - pos + 8) & ~7  # entries are NUL-padded to a multiple of 8
-        if pos > len(data) or len(mode) != 4:
-            raise ValueError("truncated index")
-        digest.update(mode + data[oid_end - oid_bytes:oid_end]
-                      + bytes(((flags >> 12) & 3,)) + path + b"\0")
-        previous = path
+    digest = hashlib.sha256(b"%d\0" % struct.unpack_from(">I", data, 8)[0])
+    for mode, oid, stage, path in index_entries(data, oid_bytes):
+        digest.update(mode + oid + bytes((stage,)) + path + b"\0")
     return digest.hexdigest()
 
 
@@ -6590,6 +7230,350 @@ class _GitRunner:
             if code == 0:
                 return False
             raise
+
+
+# - - - The index, the repository's config, and what it ignores ---------------
+
+# One entry of a git index: mode (4 bytes, big-endian), object id, stage
+# (0, or 1-3 in a conflict) and path (bytes, relative to the top).
+IndexEntry = collections.namedtuple("IndexEntry", "mode oid stage path")
+
+
+def index_entries(data, oid_bytes, extensions=None):
+    """Each entry of a git index file's bytes (versions 2 to 4), in order.
+
+    A list passed as extensions receives the four-byte signature of every
+    extension after the entries (b"link": a split index, whose other
+    entries live in a shared file; b"sdir": a sparse index). Raises
+    ValueError (or struct.error / IndexError) on anything else: another
+    version, a truncated or damaged file. Stat data is not read.
+    """
+    if data[:4] != b"DIRC":
+        raise ValueError("not an index")
+    version, count = struct.unpack_from(">II", data, 4)
+    if version not in (2, 3, 4):
+        raise ValueError("index version %d" % version)
+    make = tuple.__new__  # IndexEntry(...) without the Python-level __new__
+    find = data.index
+    pos, previous = 12, b""
+    for _ in range(count):
+        oid_end = pos + 40 + oid_bytes
+        flags = (data[oid_end] << 8) | data[oid_end + 1]
+        name = oid_end + 2
+        if flags & 0x4000:
+            if version < 3:
+                raise ValueError("extended flags in a version 2 index")
+            name += 2
+        if version == 4:
+            # Path compressed against the previous one: a varint of bytes to drop.
+            byte = data[name]
+            strip = byte & 0x7F
+            name += 1
+            while byte & 0x80:
+                byte = data[name]
+                strip = ((strip + 1) << 7) | (byte & 0x7F)
+                name += 1
+            if strip > len(previous):
+                raise ValueError("bad path compression")
+            end = find(b"\0", name)
+            path = previous[:len(previous) - strip] + data[name:end]
+            entry_end = end + 1
+        else:
+            end = find(b"\0", name)
+            path = data[name:end]
+            entry_end = pos + ((end - pos + 8) & ~7)  # NUL-padded to a multiple of 8
+        if entry_end > len(data):
+            raise ValueError("truncated index")
+        yield make(IndexEntry, (data[pos + 24:pos + 28], data[oid_end - oid_bytes:oid_end],
+                                (flags >> 12) & 3, path))
+        previous, pos = path, entry_end
+    if extensions is not None:
+        stop = len(data) - oid_bytes
+        while pos + 8 <= stop:
+            signature = data[pos:pos + 4]
+            size = int.from_bytes(data[pos + 4:pos + 8], "big")
+            pos += 8 + size
+            if pos > stop:
+                raise ValueError("truncated index extension")
+            extensions.append(signature)
+        if pos != stop:
+            raise ValueError("trailing bytes after the index extensions")
+
+
+def index_checksum_ok(data, oid_bytes):
+    """True when the index file ends with the hash of the rest (or with
+    zeros, which index.skipHash writes)."""
+    body, trailer = data[:-oid_bytes], data[-oid_bytes:]
+    if len(data) < 12 + oid_bytes:
+        return False
+    if trailer == bytes(oid_bytes):
+        return True
+    algo = hashlib.sha256 if oid_bytes == 32 else hashlib.sha1
+    return algo(body).digest() == trailer
+
+
+_SPARSE_DIR_MODE = b"\x00\x00\x40\x00"  # a folder entry of a sparse index
+
+
+def tracked_paths_from_index(data, oid_bytes):
+    """The paths of an index file parsed here, or None when only git can
+    tell them (a split or sparse index, an unknown version, a damaged file)."""
+    if not index_checksum_ok(data, oid_bytes):
+        return None
+    extensions = []
+    try:
+        entries = list(index_entries(data, oid_bytes, extensions))
+    except (ValueError, IndexError, struct.error):
+        return None
+    if b"link" in extensions or b"sdir" in extensions or any(
+            entry.mode == _SPARSE_DIR_MODE for entry in entries):
+        return None
+    return [entry.path for entry in entries]
+
+
+def tracked_paths_from_git(top):
+    """The index paths as one `git ls-files -z --cached` in top lists them
+    (a sparse index expanded, a split index joined), or None when git is
+    missing or fails: the caller then knows no tracked path."""
+    import subprocess  # only in a git repository
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=top,
+                              env=git_environment(), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=GIT_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return [path for path in proc.stdout.split(b"\0") if path]
+
+
+_CONFIG_ESCAPES = {"n": "\n", "t": "\t", "b": "\b", "\\": "\\", '"': '"'}
+
+
+def _config_value(raw):
+    """A config value as git reads it: quotes removed, escapes applied,
+    a comment (# or ;) outside quotes cut, outer blanks trimmed."""
+    out, quoted, at = [], False, 0
+    raw = raw.strip()
+    while at < len(raw):
+        char = raw[at]
+        if char == '"':
+            quoted = not quoted
+        elif char == "\\" and at + 1 < len(raw):
+            at += 1
+            out.append(_CONFIG_ESCAPES.get(raw[at], raw[at]))
+        elif char in "#;" and not quoted:
+            break
+        else:
+            out.append(char)
+        at += 1
+    return "".join(out).rstrip() if not quoted else "".join(out)
+
+
+def git_config(data):
+    """{"section.key" or "section.subsection.key": last value} of a git
+    config file's bytes; a key without "=" has the value None (true).
+    Sections and keys are lower-cased, subsections kept. Include
+    directives are not followed."""
+    values, section = {}, None
+    lines = data.decode("utf-8", "surrogateescape").split("\n")
+    at = 0
+    while at < len(lines):
+        line = lines[at].strip()
+        at += 1
+        while line.endswith("\\") and at < len(lines):  # a value continued on the next line
+            line = line[:-1] + lines[at].strip()
+            at += 1
+        if line.startswith("["):
+            close = line.find("]")
+            if close < 0:
+                section = None
+                continue
+            header, line = line[1:close].strip(), line[close + 1:].strip()
+            name, _, sub = header.partition(" ")
+            if sub.strip().startswith('"'):
+                section = name.lower() + "." + _config_value(sub)
+            else:
+                section = header.lower()  # [section] or the old [section.sub]
+        if not line or line[0] in "#;" or section is None:
+            continue
+        key, equals, raw = line.partition("=")
+        key = key.strip().lower()
+        if key and (key[0].isalpha() and all(c.isalnum() or c == "-" for c in key)):
+            values[section + "." + key] = _config_value(raw) if equals else None
+    return values
+
+
+def config_bool(value, default=False):
+    """A git boolean: None (no "=") is true; yes/on/true/1... and no/off/false/0/""."""
+    if value is None:
+        return True
+    low = value.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off", ""):
+        return False
+    try:
+        return int(low, 0) != 0
+    except ValueError:
+        return default
+
+
+# Where a work tree's git data lives: top of the work tree, its own git dir
+# (HEAD, index) and the common dir (config, info/exclude), all absolute.
+GitLocation = collections.namedtuple("GitLocation", "top git_dir common_dir")
+
+
+def _gitfile_target(path):
+    """The git dir a ".git" file names ("gitdir: <path>"), or None."""
+    data = read_file_or_none(path)
+    if data is None or not data.startswith(b"gitdir:"):
+        return None
+    target = os.fsdecode(data[7:].strip())
+    return os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else None
+
+
+def find_git_location(root):
+    """The work tree root lies in, found as git finds it from there: the
+    nearest folder up with a ".git" folder or "gitdir:" file naming a git
+    dir (with HEAD), not crossing into another file system; None outside a
+    work tree (GIT_DIR and the like play no part, as for every git process
+    of ours)."""
+    current = os.path.realpath(root)
+    try:
+        device = os.stat(current).st_dev
+    except OSError:
+        return None
+    while True:
+        dotgit = os.path.join(current, ".git")
+        git_dir = dotgit if os.path.isdir(dotgit) else (
+            _gitfile_target(dotgit) if os.path.isfile(dotgit) else None)
+        if git_dir is not None and os.path.isfile(os.path.join(git_dir, "HEAD")):
+            common = read_file_or_none(os.path.join(git_dir, "commondir"))
+            common_dir = git_dir
+            if common and common.strip():
+                common_dir = os.path.normpath(
+                    os.path.join(git_dir, os.fsdecode(common.strip())))
+            return GitLocation(current, git_dir, common_dir)
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        try:
+            if os.stat(parent).st_dev != device:
+                return None
+        except OSError:
+            return None
+        current = parent
+
+
+class GitIgnoreCache:
+    """What load_repo_ignores keeps from one scan to the next, owned by the
+    caller (one per workspace, like the PathPolicy): the tracked set, by
+    the index file's stat (inode, size, mtime, ctime) and what it was made
+    for, and parsed ignore files by content. A race between threads costs a
+    second parse, never a wrong answer (each value replaces the whole)."""
+
+    RULES_KEPT = 256  # parsed files; a workspace's .gitignore files, with room to edit them
+
+    def __init__(self):
+        self._tracked = None  # (key, TrackedSet)
+        self._rules = {}      # (base, ignore_case, bytes) -> IgnoreRules
+
+    def parse(self, data, base, *, ignore_case=False):
+        key = (base, ignore_case, data)
+        rules = self._rules.get(key)
+        if rules is None:
+            rules = IgnoreRules.parse(data, base, ignore_case=ignore_case)
+            if len(self._rules) >= self.RULES_KEPT:
+                self._rules.clear()
+            self._rules[key] = rules
+        return rules
+
+    def tracked(self, location, offset, *, ignore_case, oid_bytes):
+        """The TrackedSet of the work tree's index for a root at offset."""
+        index = os.path.join(location.git_dir, "index")
+        try:
+            st = os.stat(index)
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            stamp = None
+        key = (index, stamp, offset, ignore_case, oid_bytes)
+        hit = self._tracked
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        if stamp is None:
+            tracked = TrackedSet(ignore_case=ignore_case)  # no index yet: nothing tracked
+        else:
+            data = read_file_or_none(index)
+            paths = None if data is None else tracked_paths_from_index(data, oid_bytes)
+            if paths is None:
+                paths = tracked_paths_from_git(location.top)
+            tracked = TrackedSet.from_index_paths(paths or (), offset, ignore_case=ignore_case,
+                                                  known=paths is not None)
+        self._tracked = (key, tracked)
+        return tracked
+
+
+# What a scan of a workspace in a git work tree needs: where the repository
+# is, the workspace root's place below its top (offset, "" or "a/b"), the
+# stack that the root folder's own .gitignore extends (info/exclude and the
+# files above the root; "everything" when the root lies in an ignored
+# folder), the tracked paths, and watched: the files outside the workspace
+# whose change alters the decisions (index, info/exclude, config, the
+# .gitignore files above the root).
+RepoIgnores = collections.namedtuple(
+    "RepoIgnores", "location offset ignore_case stack tracked watched")
+
+
+def _repository_config(location):
+    """The repository's config values: the common config, then the
+    worktree's own config.worktree when extensions.worktreeConfig is on."""
+    values = git_config(read_file_or_none(os.path.join(location.common_dir, "config")) or b"")
+    if config_bool(values.get("extensions.worktreeconfig", "false")):
+        values.update(git_config(
+            read_file_or_none(os.path.join(location.git_dir, "config.worktree")) or b""))
+    return values
+
+
+def load_repo_ignores(root, *, cache=None):
+    """The ignore decisions for a scan of root (see RepoIgnores), or None
+    when root is not in a git work tree (or is in a bare repository's
+    folder). Reads the config (core.ignoreCase; extensions.objectFormat
+    for the index), info/exclude, each .gitignore from the top down to
+    root's parent, and the tracked set (from cache when the index is
+    unchanged). root's own .gitignore is read by the walk, like any other."""
+    location = find_git_location(root)
+    if location is None:
+        return None
+    cache = cache if cache is not None else GitIgnoreCache()
+    config = _repository_config(location)
+    if location.git_dir == location.common_dir and config_bool(config.get("core.bare", "false")):
+        return None  # a linked worktree is a work tree whatever the common config says
+    ignore_case = config_bool(config.get("core.ignorecase", "false"))
+    oid_bytes = 32 if (config.get("extensions.objectformat") or "").lower() == "sha256" else 20
+    real_root = os.path.realpath(root)
+    offset = os.path.relpath(real_root, location.top).replace(os.sep, "/")
+    offset = "" if offset == "." else offset
+    exclude_path = os.path.join(location.common_dir, "info", "exclude")
+    watched = [os.path.join(location.git_dir, "index"), exclude_path,
+               os.path.join(location.common_dir, "config")]
+    rules = []
+    exclude = read_file_or_none(exclude_path)
+    if exclude:
+        rules.append(cache.parse(exclude, "", ignore_case=ignore_case))
+    stack = IgnoreStack(rules, ignore_case=ignore_case, parse=cache.parse)
+    folder = ""
+    for part in offset.split("/") if offset else ():
+        here = os.path.join(location.top, *folder.split("/")) if folder else location.top
+        watched.append(os.path.join(here, ".gitignore"))
+        stack = stack.child(folder, read_ignore_file(os.path.join(here, ".gitignore")))
+        folder = folder + "/" + part if folder else part
+        if stack.ignored(folder, part, True):
+            stack = stack.below_ignored()
+    tracked = cache.tracked(location, offset, ignore_case=ignore_case, oid_bytes=oid_bytes)
+    return RepoIgnores(location, offset, ignore_case, stack.rebased(offset), tracked,
+                       tuple(watched))
 
 
 # ---------------------------------------------------------------------------
@@ -6947,8 +7931,12 @@ LEFT_OUT_REASONS = {
                     "so a restore leaves it as it is",
     KIND_BIG: "over 100 MB: only its hash is recorded, so it cannot be restored",
 }
+# git: the scan's GitView (None outside git); dropped: paths the index had
+# that git's ignore rules now leave out, which are neither kept nor counted
+# as deleted (see Recorder.base_entries).
 Snapshot = collections.namedtuple("Snapshot",
-                                  "entries rows reads skipped stamp_ns created unseen left_out")
+                                  "entries rows reads skipped stamp_ns created unseen left_out "
+                                  "git dropped")
 
 
 def vouched_rows(scanned, old_rows, old_entries, trusted):
@@ -7055,10 +8043,42 @@ class Recorder:
     caches it, and the manifest and drift records that keep it. Every
     operation that records the workspace goes through here."""
 
+    GIT_CACHES_KEPT = 64  # workspaces whose parsed ignore files and tracked paths are kept
+
     def __init__(self, config, policies, log):
         self.config = config
         self.policies = policies
         self.log = log
+        self._git_caches = collections.OrderedDict()  # root -> GitIgnoreCache
+        self._git_lock = threading.Lock()
+
+    def git_view(self, ws):
+        """A GitView of ws's workspace for one scan, or None outside a git
+        work tree or with TC_GITIGNORE=off. What cannot be read of the
+        repository (a damaged config, say) leaves the scan without ignore
+        rules, as outside git, and is logged."""
+        if not self.config.gitignore:
+            return None
+        with self._git_lock:
+            cache = self._git_caches.pop(ws.root, None) or GitIgnoreCache()
+            self._git_caches[ws.root] = cache
+            while len(self._git_caches) > self.GIT_CACHES_KEPT:
+                self._git_caches.popitem(last=False)
+        try:
+            repo = load_repo_ignores(ws.root, cache=cache)
+        except (OSError, ValueError, UnicodeError) as exc:
+            self.log("git's ignore rules of %r could not be read, so none apply: %s"
+                     % (ws.root, exc))
+            return None
+        return None if repo is None else GitView(ws.root, repo)
+
+    @staticmethod
+    def base_entries(old_entries, snap):
+        """The index's entries that snap is compared with to say what was
+        added, changed or deleted: without the paths git now ignores."""
+        if not snap.dropped:
+            return old_entries
+        return {rel: entry for rel, entry in old_entries.items() if rel not in snap.dropped}
 
     def trust_test(self, stamp_ns, strict):
         """The test that lets an indexed row stand for a scanned file without
@@ -7094,7 +8114,7 @@ class Recorder:
         # A preview writes nothing, not even the clock file; its rows are not kept.
         stamp_ns = (ws.store.clock_stamp(ws.root) if store_content
                     else time.time_ns() - RACY_MARGIN_NS)
-        scan = scan_tree(ws.root, self.policies.of(ws), within=within)
+        scan = scan_tree(ws.root, self.policies.of(ws), within=within, git=self.git_view(ws))
         index_doc = ws.records.read_index()
         old_rows = index_doc["files"]
         old_entries = ws.records.index_entries(index_doc)
@@ -7130,8 +8150,12 @@ class Recorder:
             entries[rel] = manifest_entry(kind, sha, size, mode)
         if unreadable:
             carry_unknown(unreadable, old_rows, old_entries, rows, entries)
+        dropped = frozenset()
+        if scan.git is not None:
+            dropped = frozenset(rel for rel in old_rows
+                                if rel not in rows and scan.git.ignored(rel))
         return Snapshot(entries, rows, reads, skipped, stamp_ns, created, unreadable,
-                        scan.left_out)
+                        scan.left_out, scan.git, dropped)
 
     def secure_undo(self, ws, snap, rels):
         """Make sure the content the snapshot names for rels (files about to be
@@ -7298,7 +8322,8 @@ class Recorder:
             later = []
             counters = {key: state.get(key, 0) for key in RECORD_COUNTERS}
             try:
-                drift = self.record_drift(ws, state, snap.entries, old_entries, kind=kind,
+                drift = self.record_drift(ws, state, snap.entries,
+                                          self.base_entries(old_entries, snap), kind=kind,
                                           partial=partial, later=later, unseen=snap.unseen,
                                           agent=agent, label=label)
                 state["index_manifest"] = drift["manifest"]
@@ -7665,9 +8690,10 @@ class Saving:
             if state.get("index_manifest") or at_limit:
                 reason = ("closed at the highest step number, as %r" % title[:200]
                           if at_limit else None)
-                drift_id = self.recorder.record_drift(ws, state, snap.entries, old_entries,
-                                              kind="save", later=later, reason=reason,
-                                              unseen=snap.unseen, agent=agent)["id"]
+                drift_id = self.recorder.record_drift(
+                    ws, state, snap.entries, self.recorder.base_entries(old_entries, snap),
+                    kind="save", later=later, reason=reason, unseen=snap.unseen,
+                    agent=agent)["id"]
             else:
                 self.recorder.record_manifest(ws, state, snap.entries, later)
             state["index_manifest"] = state["last_manifest"]
@@ -7809,20 +8835,23 @@ class Saving:
             return ()
         rows = ws.records.read_index()["files"]
         policy = self.policies.of(ws)
+        git = self.recorder.git_view(ws)
         dirs = None
         if walked is not None:
             dirs = walked["dirs"] = []
             walked["ignored"] = lambda rel, name, is_dir: (
-                policy.excluded_folder(rel) if is_dir else policy.excluded(rel))
-        scan = scan_tree(ws.root, policy, dirs)
+                (policy.excluded_folder(rel) if is_dir else policy.excluded(rel))
+                or (git is not None and git.change_ignored(rel, name)))
+            if git is not None:  # a git add, or an edit of the rules above the root
+                walked["records"] += git.watched
+        scan = scan_tree(ws.root, policy, dirs, git=git)
         files = scan.files
         # A file's signature: its path and the five stat fields (size to
         # dev) that StatInfo and IndexRow share, compared as a slice.
         changed = [(rel,) + info[:5] for rel, info in files.items()
                    if (row := rows.get(rel)) is None or row[:5] != info[:5]]
         if len(rows) + len(changed) > len(files):  # something recorded is gone
-            unseen = unseen_test(scan.unreadable)
-            changed.extend((rel,) for rel in rows if rel not in files and not unseen(rel))
+            changed.extend((rel,) for rel in gone_rows(scan, rows))
         return tuple(sorted(changed))
 
 
@@ -8143,7 +9172,7 @@ class Reporting:
             recorded = self._recorded_since_step(ws, state, index_doc if index_ok else None)
         unread, unseen = None, []
         try:
-            scan = scan_tree(ws.root, self.policies.of(ws))
+            scan = scan_tree(ws.root, self.policies.of(ws), git=self.recorder.git_view(ws))
             unseen = scan.unreadable
             drift_paths, skipped = self._readable_drift(
                 ws, self._drift_paths(scan, index_doc), scan.skipped)
@@ -8190,7 +9219,9 @@ class Reporting:
         index_doc = self._read_index_checked(ws, errors)
         try:
             drift_paths = self._readable_drift(
-                ws, self._drift_paths(scan_tree(ws.root, self.policies.of(ws)), index_doc), [])[0]
+                ws, self._drift_paths(scan_tree(ws.root, self.policies.of(ws),
+                                                git=self.recorder.git_view(ws)), index_doc),
+                [])[0]
         except OSError:
             return []
         recorded = self._recorded_since_step(ws, state, None if errors else index_doc)
@@ -8270,12 +9301,14 @@ class Reporting:
 
     @staticmethod
     def _drift_paths(scan, index_doc):
+        """The paths whose size or mtime differ from the index (new, changed
+        or gone), but those the scan could not read and those git now
+        ignores, which no save will record as gone."""
         rows = index_doc["files"]
         paths = [rel for rel, info in scan.files.items()
                  if rel not in rows or rows[rel].size != info.size
                  or rows[rel].mtime_ns != info.mtime_ns]
-        unseen = unseen_test(scan.unreadable)
-        paths.extend(rel for rel in rows if rel not in scan.files and not unseen(rel))
+        paths.extend(gone_rows(scan, rows))
         return sorted(paths)
 
     def _health(self, ws, state):
@@ -8351,7 +9384,7 @@ def same_content(have, want):
 
 
 def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None,
-                 within=None):
+                 within=None, ignored=None):
     """What a restore to target changes in a workspace whose state is current.
 
     skipped: paths the scan passed over (unreadable, symlinks, special
@@ -8360,7 +9393,8 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     record could not read when it was made; a file there is neither deleted
     nor overwritten, but a missing one is written. With OLDER_NAMES among
     them, a file the record's older name rules left out is not deleted
-    either. within (a PathScope): only its paths are planned; the other
+    either. ignored(path): True for a path git ignores in this workspace,
+    which is never written (nor deleted: no scan lists it). within (a PathScope): only its paths are planned; the other
     files of current still stand in the way of what would be written.
     Preview and apply compute the same plan.
     """
@@ -8393,7 +9427,7 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         have = current.get(path)
         if have is not None and same_content(have, want):
             continue
-        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy)
+        reason = (_untouchable_reason(path, untouchable, kept_dirs, policy, ignored)
                   or (have is not None and _left_in_place(path, not_seen))
                   or _unrestorable_reason(path, have, want, has_payload, current, deleted))
         if reason:
@@ -8442,9 +9476,11 @@ def ancestors(paths):
     return out
 
 
-def _untouchable_reason(path, untouchable, kept_dirs, policy):
+def _untouchable_reason(path, untouchable, kept_dirs, policy, ignored=None):
     if policy is not None and (policy.excluded(path) or policy.sensitive(path)):
         return "excluded or sensitive in this workspace: never written"
+    if ignored is not None and ignored(path):
+        return "git ignores it in this workspace: never written"
     left = _left_in_place(path, untouchable)
     if left:
         return left
@@ -8750,7 +9786,8 @@ class Restoring:
                 self._check_named(scope, target, snap, record, index, source)
             plan = plan_restore(target, snap.entries, base.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,
-                                policy=self.policies.of(base), within=scope)
+                                policy=self.policies.of(base), within=scope,
+                                ignored=snap.git.ignored if snap.git else None)
             states = plan_states(plan, snap.entries, target)
             computed = plan_digest(identity, states)
             if apply and plan_id is not None and plan_id != computed:
@@ -8857,16 +9894,23 @@ class Restoring:
         if paths is None:
             return None if kept is None else PathScope(kept)
         policy = self.policies.of(base)
+        git = self.recorder.git_view(base)
         for rel in paths:
             store_rel = policy.store_rel
             if store_rel and (rel == store_rel or rel.startswith(store_rel + "/")):
                 raise InvalidArgument("paths: %r is inside the checkpoint store, which is never "
                                       "restored; nothing was restored" % rel)
-            if policy.excluded(rel):
+            folder = os.path.isdir(os.path.join(base.root, *rel.split("/")))
+            if policy.excluded_folder(rel) if folder else policy.excluded(rel):
                 raise InvalidArgument("paths: %r is left out of every scan in this workspace "
-                                      "(an always-excluded name, the task's exclude or an "
-                                      "ignore rule), so nothing of it is stored or restored; "
-                                      "nothing was restored" % rel)
+                                      "(an always-excluded name or the task's exclude), so "
+                                      "nothing of it is stored or restored; nothing was "
+                                      "restored" % rel)
+            if git is not None and git.ignored(rel, folder):
+                raise InvalidArgument("paths: %r is ignored by git in this workspace (its "
+                                      ".gitignore rules), so checkpoints leave it out and "
+                                      "nothing of it is stored or restored; nothing was "
+                                      "restored" % rel)
             if policy.sensitive(rel):
                 raise InvalidArgument("paths: %r is a sensitive name, whose content is never "
                                       "stored, so it cannot be restored; nothing was restored"
@@ -8986,7 +10030,8 @@ class Restoring:
         if changed:
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,
-                                policy=self.policies.of(ws), within=scope)
+                                policy=self.policies.of(ws), within=scope,
+                                ignored=snap.git.ignored if snap.git else None)
         return snap, plan
 
     def _receipt(self, ws, target, done, recovered):
@@ -9719,13 +10764,20 @@ class Exporting:
         return desc
 
     def _export_files(self, ws, entries, directory):
+        """Copy the stored files of entries into directory; (their package
+        entries, what was left out and why). A file git now ignores (a step
+        recorded before that) is left out too: what git keeps out of a push
+        stays out of a package."""
         files, filtered = [], []
         payloads = ws.store.payloads
         entries = sensitive_now(entries, self.policies.of(ws))
+        git = self.reporting.recorder.git_view(ws)
         longest = path_length_limit(os.path.dirname(directory))
         for rel, (kind, sha, size, mode, _m) in sorted(entries.items()):
             if kind == KIND_SENSITIVE:
                 filtered.append({"path": rel, "reason": "sensitive"})
+            elif git is not None and git.ignored(rel):
+                filtered.append({"path": rel, "reason": "ignored by git"})
             elif kind == KIND_BIG:
                 filtered.append({"path": rel, "reason": "over 100 MB, content not stored"})
             elif not payloads.has(sha):
