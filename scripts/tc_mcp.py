@@ -1742,7 +1742,7 @@ def build_parser():
                "exit status 0 done, 1 refused or\nfailed, 2 bad usage):\n%s\n\n"
                "environment: TC_STORE, TC_WATCH, TC_WATCH_INTERVAL, TC_WATCH_EVENTS,\n"
                "TC_DRIFT_MAX_WAIT, TC_GIT, TC_GIT_VERIFY, TC_SHA_REUSE, TC_FULL_HASH, "
-               "TC_WORK_THREADS,\nTC_STORE_BUDGET (see the README)." % commands)
+               "TC_WORK_THREADS,\nTC_GITIGNORE, TC_STORE_BUDGET (see the README)." % commands)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--print-skill", action="store_true", help="print SKILL.md and exit")
     parser.add_argument("--skill-path", action="store_true",

@@ -17,7 +17,7 @@ import time
 import unittest
 
 import support
-from support import WorkspaceTest, git, make_git_repo, read, snapshot, write
+from support import WorkspaceTest, git, make_git_repo, paths_of, read, snapshot, write
 
 SECRET_MARKERS = (b"env-secret-7f3a9c", b"cloud-credential-51d2e8", b"private-key-90b4aa")
 # Names the tool always leaves out of a scan, and sensitive names: never in a tree.
@@ -1135,6 +1135,75 @@ class ClosingSaveTest(GitCase):
         ref = "refs/checkpoints/%s/s%04d" % (task, closed["index"])
         self.assertEqual(closed["git"]["ref"], ref, closed["git"])
         self.assertIn(ref.encode(), git(self.root, "for-each-ref", "refs/checkpoints/"))
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class GitIgnoredTest(GitCase):
+    """What the repository's own ignore rules ignore stays out of every
+    record, ref and report; a tracked file that matches a rule does not."""
+
+    def prepare(self):
+        make_git_repo(self.root)
+        self.write(".gitignore", "local.yaml\nenv/\n*.log\n")
+        self.write("kept.log", "tracked although *.log is ignored\n")
+        git(self.root, "add", ".gitignore")
+        git(self.root, "add", "-f", "kept.log")
+        git(self.root, "commit", "-q", "-m", "rules")
+        self.write("local.yaml", "password: hunter2\n")
+        self.write("env/lib/site.py", "x = 1\n")
+        self.write("run.log", "noise\n")
+        self.write("src/app.py", "app\n")
+
+    def step_files(self, srv, index):
+        return paths_of(srv.ok("tc_show", root=self.root, index=index)["steps"][0]["files"])
+
+    def test_ignored_files_stay_out_of_steps_refs_and_reports(self):
+        self.prepare()
+        srv, task = self.start()
+        saved = srv.ok("tc_save", root=self.root, title="one")
+        files = self.step_files(srv, saved["index"])
+        self.assertEqual(files, {".gitignore", "README.txt", "kept.log", "src/app.py"})
+        tree = tree_files(self.root, ref_of(task, 1))
+        self.assertEqual(sorted(tree), [".gitignore", "README.txt", "kept.log", "src/app.py"])
+        self.assertFalse(support.store_holds(self.store, b"password: hunter2\n"),
+                         "an ignored secret was stored")
+        self.write("local.yaml", "password: changed\n")
+        self.write("env/lib/other.py", "y = 2\n")
+        self.assertEqual(srv.ok("tc_resume", root=self.root)["drift_paths"], [])
+        self.assertFalse(srv.ok("tc_capture", root=self.root)["captured"])
+
+    def test_tc_gitignore_off_records_them(self):
+        self.prepare()
+        srv, _task = self.start(env={"TC_GITIGNORE": "off"})
+        saved = srv.ok("tc_save", root=self.root, title="one")
+        self.assertTrue({"local.yaml", "env/lib/site.py", "run.log"}
+                        <= self.step_files(srv, saved["index"]))
+
+    def test_a_step_recorded_with_them_neither_writes_nor_deletes_them_now(self):
+        self.prepare()
+        old = self.server(env={"TC_GITIGNORE": "off"})
+        old.ok("tc_init", root=self.root, name="from before the rules applied")
+        first = old.ok("tc_save", root=self.root, title="with local.yaml")["index"]
+        old.close()
+        srv = self.server()
+        self.write("src/app.py", "app, edited\n")
+        second = srv.ok("tc_save", root=self.root, title="without")
+        drift_id = srv.ok("tc_show", root=self.root, index=second["index"])["steps"][0]["drift_id"]
+        drift = [d for d in srv.ok("tc_show", root=self.root, include_drift=True)["drifts"]
+                 if d["id"] == drift_id][0]
+        self.assertEqual(drift["modified"], ["src/app.py"])
+        self.assertFalse({"local.yaml", "run.log"} & set(drift["deleted"]), drift)
+        self.assertNotIn("local.yaml", self.step_files(srv, second["index"]))
+        self.write("local.yaml", "password: newer\n")
+        os.remove(os.path.join(self.root, "run.log"))
+        plan = srv.ok("tc_restore", root=self.root, index=first, apply=True)["plan"]
+        self.assertNotIn("local.yaml", plan["to_replace"] + plan["to_delete"])
+        self.assertNotIn("run.log", plan["to_write"])
+        self.assertEqual(self.read("local.yaml"), b"password: newer\n")
+        self.assertFalse(os.path.exists(os.path.join(self.root, "run.log")))
+        self.assertEqual(self.read("src/app.py"), b"app\n")
+        refused = srv.call("tc_restore", root=self.root, index=first, paths=["local.yaml"])
+        self.assertTrue(refused.is_error)
+        self.assertIn("ignored by git", refused.text)
 
 
 if __name__ == "__main__":
