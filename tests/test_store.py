@@ -825,6 +825,80 @@ class InsideAnotherWorkspaceTest(ToolsTest):
         self.init(name="outer later")
         self.assertEqual(self.ok("tc_resume", root=inner)["name"], "inner first")
 
+class AdoptionLimitsTest(ToolsTest):
+    """A store is taken over by a workspace only when the folder its tasks
+    name left it behind: never a store another workspace still uses."""
+
+    def test_a_store_another_workspace_names_is_not_taken_over(self):
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        inside = os.path.join(self.root, ".checkpoints")
+        task = self.ok("tc_init", root=other, name="the other project", store=inside)["task_id"]
+        refused = self.refused("tc_resume", root=self.root)
+        self.assertNotIn("tc_switch", refused.text)
+        self.assertEqual(self.ok("tc_resume", root=other)["task_id"], task)
+        srv = self.server(env={"TC_STORE": inside})
+        self.assertTrue(srv.call("tc_resume", root=self.root).is_error)
+        self.assertEqual(self.ok("tc_resume", root=other)["task_id"], task)
+
+    def test_a_shared_store_does_not_offer_other_projects_tasks(self):
+        shared = os.path.join(self.tmp, "shared")
+        srv = self.server(env={"TC_STORE": shared})
+        gone = os.path.join(self.tmp, "gone")
+        os.makedirs(gone)
+        srv.ok("tc_init", root=gone, name="a project since deleted")
+        shutil.rmtree(gone)
+        refused = srv.call("tc_resume", root=self.root)
+        self.assertTrue(refused.is_error)
+        self.assertNotIn("tc_switch", refused.text)
+        self.assertIn("tc_import", refused.text)
+
+    def test_a_closed_task_whose_folder_is_gone_is_not_changed(self):
+        ext = os.path.join(self.tmp, "ext")
+        task = self.init(store=ext)["task_id"]
+        self.write("a.txt", "a\n")
+        self.save("done", close=True)
+        moved = os.path.join(self.tmp, "moved")
+        os.rename(self.root, moved)
+        state_path = os.path.join(ext, "tasks", task, "state.json")
+        before = read(os.path.dirname(state_path), "state.json")
+        self.assertIn("closed", self.refused("tc_switch", root=moved, task_id=task).text)
+        self.assertEqual(read(os.path.dirname(state_path), "state.json"), before)
+
+    def test_a_copy_with_an_external_store_is_told_how_to_continue_the_original(self):
+        ext = os.path.join(self.tmp, "ext")
+        task = self.init(store=ext)["task_id"]
+        copy = os.path.join(self.tmp, "copy")
+        shutil.copytree(self.root, copy)
+        refused = self.refused("tc_resume", root=copy)
+        self.assertIn(task, refused.text)
+        self.assertIn("tc_export", refused.text)
+
+
+class InsideAnotherWorkspaceEdgesTest(ToolsTest):
+
+    def test_an_import_into_a_subfolder_is_refused(self):
+        source = os.path.join(self.tmp, "source")
+        write(source, "a.txt", "a\n")
+        self.ok("tc_init", root=source, name="to hand over")
+        self.ok("tc_save", root=source, title="one")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        package = self.ok("tc_export", root=source, to=out)["path"]
+        self.init(name="outer")
+        inner = os.path.join(self.root, "sub")
+        os.makedirs(inner)
+        refused = self.refused("tc_import", root=inner, package=package)
+        self.assertIn(self.root, refused.text)
+        self.assertFalse(os.path.exists(os.path.join(inner, ".checkpoints")))
+
+    def test_a_folder_the_outer_task_leaves_out_takes_a_task_of_its_own(self):
+        self.init(name="outer", exclude=["packages"])
+        inner = os.path.join(self.root, "packages", "app")
+        os.makedirs(inner)
+        self.ok("tc_init", root=inner, name="inner")
+        self.assertEqual(self.ok("tc_resume", root=inner)["name"], "inner")
+
 
 if __name__ == "__main__":
     unittest.main()
