@@ -427,6 +427,28 @@ class RepositoryShapesTest(GitCase):
         self.assertEqual(checkpoint_refs(repo), [ref_of(task, 1)], "refs are shared by worktrees")
         self.assertTreeMatches(repo, ref_of(task, 1), expected_tree(self.root))
 
+    def test_deeper_git_folders_and_files_are_never_in_a_step_or_its_tree(self):
+        make_git_repo(self.root)
+        inner = os.path.join(self.root, "vendor", "lib")
+        os.makedirs(inner)
+        make_git_repo(inner)  # a repository of its own inside the work tree
+        self.write("mod/.git", "gitdir: ../.git/modules/mod\n")  # how a submodule points
+        self.write("mod/code.py", "x = 1\n")
+        self.write("tools/.checkpoints/old.json", "{}\n")
+        srv, task = self.start()
+        result = srv.ok("tc_save", root=self.root, title="nested")
+        self.assertEqual(result["git"]["ok"], True, result["git"])
+        files = paths_of(srv.ok("tc_show", root=self.root, index=1)["steps"][0]["files"])
+        self.assertIn("mod/code.py", files)
+        own = [p for p in files if ".git" in p.split("/") or ".checkpoints" in p.split("/")]
+        self.assertEqual(own, [])
+        tree = tree_files(self.root, ref_of(task, 1))
+        self.assertIn("mod/code.py", tree)
+        self.assertEqual([p for p in tree if ".git" in p.split("/")], [])
+        fsck = subprocess.run([REAL_GIT, "fsck", "--no-dangling", "--full"], cwd=self.root,
+                              env=support.clean_env(), capture_output=True)
+        self.assertEqual(fsck.returncode, 0, fsck.stderr)
+
     def test_not_a_repository(self):
         self.write("a.txt", "plain\n")
         srv, _task = self.start()

@@ -5,6 +5,8 @@ are posix-style and relative to the workspace root. The last class checks
 the same rules through a real server, with what a save says it left out.
 """
 
+import json
+import os
 import sys
 import unittest
 
@@ -279,6 +281,30 @@ class LeftOutThroughTheServerTest(ToolsTest):
         files = paths_of(self.ok("tc_show", root=self.root, index=first)["steps"][0]["files"])
         self.assertIn("src/backup_manager.py", files)
         self.assertIn("src/notes.bak", files)
+
+    def test_a_step_recorded_under_the_older_name_rule_keeps_what_that_rule_left_out(self):
+        self.write("src/app.py", "v1\n")
+        task_id = self.init()["task_id"]
+        first = self.save("one")["index"]
+        # A record written before deeper files were recorded by their own
+        # name carries no "names" mark: its missing files may be ones the
+        # older rule left out, not ones made later.
+        step_path = os.path.join(self.task_dir(task_id), "steps", "s%04d.json" % first)
+        with open(step_path, encoding="utf-8") as fh:
+            record = json.load(fh)
+        record.pop("names", None)
+        with open(step_path, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        self.write("src/backup_manager.py", "made later\n")
+        self.write("src/fresh.py", "made later\n")
+        self.save("two")
+        plan = self.ok("tc_restore", root=self.root, index=first, apply=True)
+        self.assertEqual(self.read("src/backup_manager.py"), b"made later\n")
+        self.assertFalse(os.path.exists(os.path.join(self.root, "src", "fresh.py")),
+                         "a file the older rule recorded is still deleted")
+        kept = {item["path"]: item["reason"] for item in plan["plan"]["unrestorable"]}
+        self.assertIn("src/backup_manager.py", kept)
+        self.assertIn("before", kept["src/backup_manager.py"])
 
     def test_init_and_the_first_save_name_what_is_left_out_and_later_saves_only_the_new(self):
         self.write("src/settings.py", "SECRET_KEY = 'x'\n")

@@ -445,6 +445,24 @@ class ShowTest(ToolsTest):
         self.assertTrue(set(made[3]) <= set(drift_ids(one["drifts"])))
         self.assertFalse(set(made[2]) & set(drift_ids(one["drifts"])))
 
+    def test_the_drift_record_a_save_makes_goes_with_that_step(self):
+        self.init()
+        self.write("a.txt", "one\n")
+        self.save("one")
+        self.write("a.txt", "two\n")
+        second = self.save("two")
+        own = self.ok("tc_show", root=self.root, index=second["index"])["steps"][0]["drift_id"]
+        self.assertIsNotNone(own, "the save recorded what changed since step one")
+        alone = self.ok("tc_show", root=self.root, index=second["index"], include_drift=True)
+        self.assertIn(own, drift_ids(alone["drifts"]))
+        before = self.ok("tc_show", root=self.root, index=second["index"] - 1,
+                         include_drift=True)
+        self.assertNotIn(own, drift_ids(before["drifts"]))
+        for cursor in (0, 1):
+            page = self.ok("tc_show", root=self.root, include_drift=True, limit=1, cursor=cursor)
+            on_page = own in drift_ids(page["drifts"])
+            self.assertEqual(on_page, page["steps"][0]["index"] == second["index"], cursor)
+
     def test_show_on_an_unknown_task(self):
         self.init()
         self.refused("tc_show", root=self.root, task_id="missing-000000")
