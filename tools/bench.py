@@ -208,6 +208,7 @@ class Workspace:
         self.root = root
         self.seed = seed
         self.kinds = {}  # rel -> "t" | "b"
+        self.fixed = set()  # files never picked for an edit (the ignore rules)
         self.pool = line_pool(random.Random("%s-pool" % seed))
         self.edits = 0
 
@@ -244,7 +245,8 @@ class Workspace:
 
     def pick(self, count, tag="pick"):
         rng = self.rng(tag)
-        return sorted(rng.sample(self.files(), min(count, len(self.kinds))))
+        free = [rel for rel in self.files() if rel not in self.fixed]
+        return sorted(rng.sample(free, min(count, len(free))))
 
     def add(self, count, tag="add"):
         rng = self.rng(tag)
@@ -281,6 +283,28 @@ def generate(name, root, seed):
         ws.kinds[rel] = kind
         ws.write(rel, ws.content(rng, rel, size))
     return ws
+
+
+def add_ignore_rules(ws):
+    """Give a workspace what a real repository has: a .gitignore at the top
+    and one deeper (both tracked, so recorded), and build output, logs and
+    a cache they ignore (never recorded). Returns how many files are ignored."""
+    rng = ws.rng("ignore")
+    ws.kinds[".gitignore"] = "t"
+    ws.write(".gitignore", b"build/\n*.log\n!keep.log\n.cache/\n/local-*\n")
+    ws.kinds["src/.gitignore"] = "t"
+    ws.write("src/.gitignore", b"*.tmp\ngenerated/\n")
+    ignored = (["build/obj/%s_%d.o" % (rng.choice(WORDS), i) for i in range(120)]
+               + ["logs/run_%d.log" % i for i in range(20)]
+               + [".cache/%02x/entry" % i for i in range(40)]
+               + ["src/generated/table_%d.py" % i for i in range(20)]
+               + ["src/scratch_%d.tmp" % i for i in range(5)] + ["local-notes.txt"])
+    for rel in ignored:
+        ws.write(rel, rng.randbytes(rng.randrange(200, 4000)))
+    ws.kinds["logs/keep.log"] = "t"  # re-included by the negation: recorded
+    ws.write("logs/keep.log", b"kept\n")
+    ws.fixed.update((".gitignore", "src/.gitignore", "logs/keep.log"))
+    return len(ignored)
 
 
 # ---------------------------------------------------------------------------
@@ -1133,6 +1157,7 @@ class Bench:
         root = os.path.join(self.workdir, "git")
         ws = generate("medium", root, self.seed)
         ws.name = "git"
+        ignored = add_ignore_rules(ws)
         env = git_env(self.workdir)
         time.sleep(1.1)  # files older than the index: no racily clean entries for git
         run_git(root, ["init", "-q", "-b", "main"], env)
@@ -1144,6 +1169,7 @@ class Bench:
         ws.delete(ws.pick(2, "git-del"))
         sync()
         phases.mark("generate + commit")
+        self.say("  git     %d ignored files beside the tracked ones" % ignored)
         run = Run(self, ws)
         self.runs["git"] = run
         medium = self.runs.get("medium")
