@@ -1889,15 +1889,43 @@ class PathPolicy:
     and any folder so named, never src/backup_manager.py. Decisions are
     cached per name, so a walk over thousands of files matches each
     distinct name once.
+
+    In a git work tree the always-excluded list gives way to git: a file
+    git tracks, or a folder it tracks something in (a tracked build/ of
+    scripts, a shared .vscode/), is scanned like any other, and there git's
+    own ignore rules decide what is left out. The task's own exclude
+    patterns, .git and the store still leave it out. A policy sees git
+    through seeing(tracked); the scan asks git_keeps itself.
     """
 
     def __init__(self, exclude=(), store_rel=None):
         self.exclude = tuple(exclude)
         self.store_rel = store_rel
         self._excluded = GlobSet(ALWAYS_EXCLUDED + self.exclude)
+        self._chosen = GlobSet(self.exclude) if self.exclude else None
         self._excluded_cache = {}
         self._sensitive_dir_cache = {}
         self._sensitive_file_cache = {}
+        self.tracked = None  # a TrackedSet when seeing git (see seeing)
+
+    def seeing(self, tracked):
+        """This policy with git's tracked paths (a TrackedSet, or None
+        outside git): a copy sharing the name caches, whose excluded and
+        excluded_folder let tracked paths through (see git_keeps)."""
+        if tracked is None or not tracked.known:
+            return self
+        view = object.__new__(PathPolicy)
+        view.__dict__.update(self.__dict__)
+        view.tracked = tracked
+        return view
+
+    def git_keeps(self, rel, name, tracked):
+        """True when rel, whose own name (name) an exclude pattern matches,
+        is scanned all the same: git tracks it or something in it, and no
+        pattern of the task's own exclude matches name."""
+        return (name not in OWN_NAMES
+                and (tracked.has(rel) or tracked.holds_under(rel))
+                and not (self._chosen is not None and self._chosen.match(name)))
 
     @staticmethod
     def check_patterns(patterns):
@@ -1962,29 +1990,58 @@ class PathPolicy:
     def excluded(self, rel):
         """True when the scan skips rel (posix, workspace-relative, a file's
         path): the store, a folder on its path with an excluded name, or a
-        top-level file with one."""
+        top-level file with one (unless git keeps it, see the class)."""
+        return self._excluded_in(rel, self.tracked)
+
+    def _excluded_in(self, rel, tracked):
         if self.store_rel and (rel == self.store_rel or rel.startswith(self.store_rel + "/")):
             return True
         parts = rel.split("/")
         if len(parts) == 1:
-            return self.excluded_name(rel)
-        return (parts[-1] in OWN_NAMES
-                or any(self.excluded_name(part) for part in parts[:-1]))
+            return self.excluded_name(rel) and not (
+                tracked is not None and self.git_keeps(rel, rel, tracked))
+        return parts[-1] in OWN_NAMES or self._excluded_on_the_way(parts[:-1], tracked)
 
-    def left_out_before(self, rel):
-        """True for a file the name rules before NAME_RULES left out and these
-        do not: a deeper file named like a pattern (src/backup_manager.py).
-        A record made under those rules lacks it, whether or not it existed."""
+    def _excluded_on_the_way(self, folders, tracked):
+        """True when a folder of the path folders spells out (its names,
+        outermost first) has an excluded name that git (tracked) does not keep."""
+        if not any(self.excluded_name(part) for part in folders):
+            return False
+        if tracked is None:
+            return True
+        prefix = ""
+        for part in folders:
+            prefix = prefix + "/" + part if prefix else part
+            if self.excluded_name(part) and not self.git_keeps(prefix, part, tracked):
+                return True
+        return False
+
+    def own_path(self, rel):
+        """True when rel is the store's, or lies in or is a .git or store
+        entry at any depth: what no scan, restore or import ever touches."""
+        if self.store_rel and (rel == self.store_rel or rel.startswith(self.store_rel + "/")):
+            return True
+        return any(part in OWN_NAMES for part in rel.split("/"))
+
+    def left_out_before(self, rel, names):
+        """True for a file that the name rules a record was made with (its
+        "names", see NAME_RULES) left out and these do not: under 2, a
+        deeper file named like a pattern (src/backup_manager.py); under 3,
+        a file git keeps (see the class). Such a record lacks it, whether or
+        not it existed."""
+        if self.excluded(rel):
+            return False
         parts = rel.split("/")
-        return (len(parts) > 1 and self.excluded_name(parts[-1])
-                and not self.excluded(rel))
+        if names < 2 and len(parts) > 1 and self.excluded_name(parts[-1]):
+            return True
+        return names < 3 and self.tracked is not None and self._excluded_in(rel, None)
 
     def excluded_folder(self, rel):
         """True when the scan skips the folder rel: the store, or a folder with
         an excluded name on its path, rel's own name included."""
         if self.store_rel and (rel == self.store_rel or rel.startswith(self.store_rel + "/")):
             return True
-        return any(self.excluded_name(part) for part in rel.split("/"))
+        return self._excluded_on_the_way(rel.split("/"), self.tracked)
 
     def excluded_by(self, name):
         """The pattern that excludes name, for saying why (the first of the
@@ -2800,20 +2857,23 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out, ignores=No
     rule applies to a folder at any depth and to a file at the top only
     (see PathPolicy). ignores: the IgnoreStack in force in this folder
     (git: its GitView), or None outside git: an untracked entry it ignores
-    is left out (a folder holding tracked paths is still walked, for those)."""
+    is left out (a folder holding tracked paths is still walked, for those),
+    and a name rule gives way where git tracks something (PathPolicy.git_keeps)."""
     files, skipped, unreadable, stack, left_out = out
     excluded, sensitive_file = policy.excluded_name, policy.sensitive_file
     sensitive_dir, store_rel = policy.sensitive_dir, policy.store_rel
     is_regular, is_link = stat_mod.S_ISREG, stat_mod.S_ISLNK
     make_info = tuple.__new__  # StatInfo(...) without the Python-level __new__
     top = not prefix
+    tracked = git.tracked if git is not None else None
     if ignores is not None:
-        tracked, ignored_out = git.tracked, git.ignored_paths
+        ignored_out = git.ignored_paths
     for entry in listing:
         name = entry.name
         if name in OWN_NAMES:
             continue
-        if top and excluded(name):
+        if top and excluded(name) and not (tracked is not None
+                                           and policy.git_keeps(name, name, tracked)):
             left_out.append((name, entry.is_dir(follow_symlinks=False)))
             continue
         rel = prefix + name
@@ -2836,7 +2896,8 @@ def _take_listing(listing, prefix, in_sensitive, device, policy, out, ignores=No
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                if not top and excluded(name):
+                if not top and excluded(name) and not (tracked is not None
+                                                       and policy.git_keeps(rel, name, tracked)):
                     left_out.append((rel, True))
                 elif rel != store_rel:
                     stack.append((rel + "/", in_sensitive or sensitive_dir(name),
@@ -3973,10 +4034,11 @@ def make_state(*, task_id, name, goal, constraints, root, exclude, agent=None):
 
 # The name rules a record's scan applied (PathPolicy): 2 is the rule of a
 # folder's name at any depth or a top-level file's; a record without it
-# was made when a pattern also left out deeper files named like it, so such
-# files may be missing from it without having been gone (see
+# was made when a pattern also left out deeper files named like it; one
+# with 2, when the always-excluded names left out what git tracks too. Such
+# files may be missing from an older record without having been gone (see
 # PathPolicy.left_out_before).
-NAME_RULES = 2
+NAME_RULES = 3
 
 
 def make_step(*, index, title, description, conclusion, next_step, verified,
@@ -4035,19 +4097,29 @@ def with_unseen(record, unseen):
     return record
 
 
-# The skipped item of a record made before NAME_RULES (path "" names no
-# file): plan_restore then leaves alone the files those rules left out.
-OLDER_NAMES = {"path": "", "reason": "recorded before files so named were recorded: left as "
-                                     "it is"}
+# Why plan_restore leaves alone a file the name rules of an older record
+# left out (see older_names).
+OLDER_NAMES_REASON = "recorded before files so named were recorded: left as it is"
+
+
+def older_names(record):
+    """The skipped item that marks a record made before NAME_RULES (path ""
+    names no file; "names" the rules it was made with): plan_restore then
+    leaves alone the files those rules left out. None for a current one."""
+    names = record.get("names", 0)
+    if not isinstance(names, int) or names >= NAME_RULES:
+        return None
+    return {"path": "", "reason": OLDER_NAMES_REASON, "names": names}
 
 
 def unseen_skips(record):
     """The record's unseen paths as the skipped items plan_restore leaves
-    alone; for a record made before NAME_RULES, OLDER_NAMES too."""
+    alone; for a record made before NAME_RULES, older_names's item too."""
     items = [{"path": path.rstrip("/"), "reason": "not read when this record was made"}
              for path in record.get("unseen") or ()]
-    if record.get("names", 0) < NAME_RULES:
-        items.append(OLDER_NAMES)
+    marker = older_names(record)
+    if marker is not None:
+        items.append(marker)
     return items
 
 
@@ -7771,15 +7843,19 @@ def package_entry(package, listing, rel):
 
 
 def refuse_foreign_paths(desc, policy):
-    """Refuse a package that would write where this workspace never lets a
-    restore write: .git, the store, excluded or sensitive names."""
+    """Refuse a package that would write where no record of this workspace
+    may hold content: .git or the store (at any depth), or a sensitive
+    name. A path only a name rule leaves out here (a build/ folder git
+    tracked where the package was made) is written: it is what the sender's
+    steps hold, and nothing of it is lost by landing outside this
+    workspace's scans."""
     paths = [item["path"] for item in desc["files"]]
     for entry in desc.get("history") or []:
         paths.extend(p for p, e in entry["files"].items() if e.kind == KIND_FILE)
     for rel in paths:
-        if policy.excluded(rel) or policy.sensitive(rel):
-            raise UnsafePath("the package would write %r, which is excluded or sensitive in "
-                             "this workspace; nothing was imported" % rel)
+        if policy.own_path(rel) or policy.sensitive(rel):
+            raise UnsafePath("the package would write %r, which is git's, the store's or "
+                             "sensitive in this workspace; nothing was imported" % rel)
 
 
 def load_package(package):
@@ -8834,13 +8910,14 @@ class Saving:
         if ws.state["status"] != "open":
             return ()
         rows = ws.records.read_index()["files"]
-        policy = self.policies.of(ws)
         git = self.recorder.git_view(ws)
+        policy = self.policies.of(ws)
+        seen = policy.seeing(git.tracked if git is not None else None)
         dirs = None
         if walked is not None:
             dirs = walked["dirs"] = []
             walked["ignored"] = lambda rel, name, is_dir: (
-                (policy.excluded_folder(rel) if is_dir else policy.excluded(rel))
+                (seen.excluded_folder(rel) if is_dir else seen.excluded(rel))
                 or (git is not None and git.change_ignored(rel, name)))
             if git is not None:  # a git add, or an edit of the rules above the root
                 walked["records"] += git.watched
@@ -9392,8 +9469,8 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     policy excludes. unseen: the same kind of items for the paths the target
     record could not read when it was made; a file there is neither deleted
     nor overwritten, but a missing one is written. With OLDER_NAMES among
-    them, a file the record's older name rules left out is not deleted
-    either. ignored(path): True for a path git ignores in this workspace,
+    them (older_names), a file the record's older name rules left out is
+    not deleted either. ignored(path): True for a path git ignores in this workspace,
     which is never written (nor deleted: no scan lists it). within (a PathScope): only its paths are planned; the other
     files of current still stand in the way of what would be written.
     Preview and apply compute the same plan.
@@ -9401,7 +9478,8 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
     not_seen = {item["path"]: item["reason"] for item in unseen}
-    older_names = OLDER_NAMES in unseen and policy is not None
+    older = None if policy is None else next(
+        (item["names"] for item in unseen if item["path"] == "" and "names" in item), None)
     # Within a scope, a file under a planned path is planned too: the files
     # outside it matter only where they stand on a planned path's way.
     planned = current if within is None else {p: e for p, e in current.items() if p in within}
@@ -9412,8 +9490,8 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         left = _left_in_place(path, untouchable) or _left_in_place(path, not_seen)
         if left:  # known only from an earlier record: never deleted unseen
             plan["unrestorable"].append({"path": path, "reason": left})
-        elif older_names and policy.left_out_before(path):
-            plan["unrestorable"].append({"path": path, "reason": OLDER_NAMES["reason"]})
+        elif older is not None and policy.left_out_before(path, older):
+            plan["unrestorable"].append({"path": path, "reason": OLDER_NAMES_REASON})
         elif have.kind == KIND_SENSITIVE:
             plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
         elif have.kind == KIND_BIG:
@@ -9774,6 +9852,11 @@ class Restoring:
             result["diff"] = changes
         return result
 
+    def _seen_policy(self, ws, snap):
+        """ws's policy as the snapshot's scan applied it: with git's tracked
+        paths in a git work tree (PathPolicy.seeing)."""
+        return self.policies.of(ws).seeing(snap.git.tracked if snap.git else None)
+
     def _bound_plan(self, base, source, target, record, index, unseen, scope, identity, *,
                     apply, plan_id, check_named):
         """(snapshot, plan, plan id) of a restore to target, read as base's
@@ -9786,7 +9869,7 @@ class Restoring:
                 self._check_named(scope, target, snap, record, index, source)
             plan = plan_restore(target, snap.entries, base.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,
-                                policy=self.policies.of(base), within=scope,
+                                policy=self._seen_policy(base, snap), within=scope,
                                 ignored=snap.git.ignored if snap.git else None)
             states = plan_states(plan, snap.entries, target)
             computed = plan_digest(identity, states)
@@ -9893,8 +9976,8 @@ class Restoring:
         kept = record.get("paths")
         if paths is None:
             return None if kept is None else PathScope(kept)
-        policy = self.policies.of(base)
         git = self.recorder.git_view(base)
+        policy = self.policies.of(base).seeing(git.tracked if git is not None else None)
         for rel in paths:
             store_rel = policy.store_rel
             if store_rel and (rel == store_rel or rel.startswith(store_rel + "/")):
@@ -10030,7 +10113,7 @@ class Restoring:
         if changed:
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,
-                                policy=self.policies.of(ws), within=scope,
+                                policy=self._seen_policy(ws, snap), within=scope,
                                 ignored=snap.git.ignored if snap.git else None)
         return snap, plan
 

@@ -1230,3 +1230,71 @@ class GitIgnoredTest(GitCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class TrackedUnderExcludedNamesTest(GitCase):
+    """In a git work tree the always-excluded names give way to git: what
+    git tracks in a build/ folder, a shared .vscode/ or a top-level
+    backup file is recorded, restored and put in the ref; an untracked
+    folder so named is still left out and said so, and the task's own
+    exclude still applies to tracked files."""
+
+    TRACKED = {"services/build/make.py": "def make():\n    return 1\n",
+               "backup_notes.md": "how the backups run\n",
+               ".vscode/settings.json": "{\"editor.tabSize\": 4}\n",
+               "vendor/lib.py": "vendored = True\n"}
+
+    def prepare(self):
+        make_git_repo(self.root)
+        for rel, text in self.TRACKED.items():
+            self.write(rel, text)
+        git(self.root, "add", *self.TRACKED)
+        git(self.root, "commit", "-q", "-m", "tracked under excluded names")
+        self.write("services/build/new_step.py", "not yet added\n")  # beside tracked ones
+        self.write("web/build/bundle.js", "generated\n")              # nothing tracked there
+        self.write("dist/app.tar", "generated\n")
+
+    def test_tracked_files_are_recorded_restored_and_in_the_ref(self):
+        self.prepare()
+        srv = self.server()
+        init = srv.ok("tc_init", root=self.root, name="tracked", exclude=["vendor"])
+        left_out = paths_of(init["skipped_paths"])
+        self.assertEqual(left_out, {"web/build", "dist", "vendor"})
+        first = srv.ok("tc_save", root=self.root, title="one")
+        files = paths_of(srv.ok("tc_show", root=self.root, index=1)["steps"][0]["files"])
+        self.assertEqual(files, {"README.txt", "services/build/make.py", "backup_notes.md",
+                                 ".vscode/settings.json", "services/build/new_step.py"})
+        tree = tree_files(self.root, first["git"]["ref"])
+        self.assertEqual(tree["services/build/make.py"][0], b"def make():\n    return 1\n")
+        self.write("services/build/make.py", "broken edit\n")
+        os.remove(os.path.join(self.root, "backup_notes.md"))
+        self.write(".vscode/settings.json", "{}\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        restored = srv.ok("tc_restore", root=self.root, index=1, apply=True)
+        for rel in ("services/build/make.py", "backup_notes.md", ".vscode/settings.json"):
+            self.assertEqual(self.read(rel), self.TRACKED[rel].encode(), rel)
+        self.assertEqual(self.read("web/build/bundle.js"), b"generated\n")
+        self.assertNotIn("web/build/bundle.js", paths_of(restored["plan"]["to_delete"]))
+        one = srv.ok("tc_restore", root=self.root, index=2, paths=["services/build/make.py"],
+                     apply=True)
+        self.assertEqual(self.read("services/build/make.py"), b"broken edit\n", one)
+
+    def test_a_step_made_before_tracked_files_were_recorded_keeps_them(self):
+        self.prepare()
+        srv, task = self.start()
+        srv.ok("tc_save", root=self.root, title="one")
+        step_path = os.path.join(self.store, "tasks", task, "steps", "s0001.json")
+        with open(step_path, encoding="utf-8") as fh:
+            record = json.load(fh)
+        record["names"] = 2  # made when the names left out what git tracks too
+        with open(step_path, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        self.write("services/build/later.py", "made after step one\n")
+        git(self.root, "add", "services/build/later.py")
+        self.write("src/later.py", "made after step one\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        plan = srv.ok("tc_restore", root=self.root, index=1, apply=True)["plan"]
+        self.assertEqual(self.read("services/build/later.py"), b"made after step one\n")
+        self.assertIn("services/build/later.py", paths_of(plan["unrestorable"]))
+        self.assertFalse(os.path.exists(os.path.join(self.root, "src", "later.py")))
