@@ -8560,8 +8560,9 @@ class TaskSetup:
                       "the store" % (pointer, describe_os_error(exc)))
 
     def _baseline(self, ws, created):
-        """Record the workspace as the task finds it, as drift d0001; the
-        content it stores is added to the list created. (Its id, what the
+        """Record the workspace as the task finds it, as drift d0001 (a new
+        task has no stat cache, so every file is read); the content it
+        stores is added to the list created. (Its id, what the
         scan passed over and what it left out: see Recorder.newly_left_out.)"""
         snap = self.recorder.snapshot(ws, store_content=True)
         created.extend(snap.created)
