@@ -127,6 +127,9 @@ LOCK_TIMEOUT = 120.0
 # are "racily clean": their stat may not reflect a change made in the same
 # clock tick, so the next save re-reads them.
 RACY_MARGIN_NS = 1_000_000_000
+# Windows' ctime is the file's creation time and follows no change, so no
+# stat there vouches for content: every save and capture reads every file
+# (unless TC_SHA_REUSE trusts mtime and size).
 STAT_CACHE_SUPPORTED = os.name == "posix"
 # Where files behave as on Windows (no replacing or deleting a file that is
 # open or read-only, flushes only through a writable handle).
@@ -414,7 +417,11 @@ def fsync_path(path, *, strict=False):
     """fsync a file or (on POSIX) a directory by name; best effort, unless
     strict: then a failed fsync raises (the bytes may never reach the disk,
     and a kernel reports that only once), except where the file system
-    cannot fsync that kind of file at all. A path already gone is skipped."""
+    cannot fsync that kind of file at all. A path already gone is skipped.
+
+    On macOS an fsync leaves the drive's own cache unflushed (F_FULLFSYNC
+    is not used), so there a power cut, unlike a crash, can still cost the
+    last records."""
     try:
         fd = open_to_flush(path)
     except FileNotFoundError:
@@ -1441,7 +1448,8 @@ def enclosing_store(path):
 
 
 def validate_root(root):
-    """An absolute, existing directory other than the filesystem root."""
+    """An absolute, existing directory other than the filesystem root,
+    neither a checkpoint store nor inside one."""
     if not isinstance(root, str) or not root.strip():
         raise InvalidArgument("root must be an absolute path to the workspace directory")
     if "\x00" in root:
@@ -1896,6 +1904,9 @@ class PathPolicy:
     own ignore rules decide what is left out. The task's own exclude
     patterns, .git and the store still leave it out. A policy sees git
     through seeing(tracked); the scan asks git_keeps itself.
+
+    store_rel: where a store inside the workspace lies, whatever its name;
+    it is left out of every scan.
     """
 
     def __init__(self, exclude=(), store_rel=None):
@@ -4175,7 +4186,11 @@ class TaskRecords:
         flush(later) makes durable: the state's bytes are on disk together
         with the records it points at, and only then does its name move
         (rename, then an fsync of the directory). One disk wait fewer than
-        flush followed by write_state, the same order of what becomes visible."""
+        flush followed by write_state, the same order of what becomes visible.
+
+        A flush refused before the rename fails the call with the old state
+        in place. A refused fsync of the directory after the rename fails the
+        call too, though the new state may already be read: it may not last."""
         state["updated"] = now_iso()
         staged = stage_record(self.state_path, state)
         try:
@@ -4838,7 +4853,8 @@ class Rollback:
        what a file not put back still needs), then the journal.
     When the workspace is gone, only the records are rolled back and the
     content its files had is kept; when it may come back (an unmounted
-    disk), the rollback waits.
+    disk), the rollback waits. Deleting its journal folder gives that
+    rollback up, and the unsaved edits it would put back with it.
 
     Paths the operation left as they were (left, and those its journal
     lists) are not the rollback's to touch. For an operation that failed
@@ -5738,6 +5754,10 @@ def slugify(name):
 
 
 def checked_store_path(root, store, name):
+    """The real path of store (named name in messages) as the store of the
+    workspace root: absolute, neither root itself nor the filesystem root
+    nor a folder holding root, and a new or empty folder or a store (a
+    subdirectory of root is allowed)."""
     if isinstance(store, str) and "\x00" in store:
         raise InvalidArgument("%s %r must not contain a NUL character" % (name, store))
     if not isinstance(store, str) or not os.path.isabs(store):
@@ -6184,7 +6204,11 @@ class DirectoryEvents:
     server), while a change the watcher is waiting on settles, after a new
     directory gets its watch (for what happened before it), and every
     full_scan seconds regardless. Anything unexpected (no watch left, an
-    error) puts the root on plain polling.
+    error) puts the root on plain polling, as does a root on a file system
+    outside EVENT_FILE_SYSTEMS or with more directories than
+    watch_dirs_limit(); a passing reason is retried after
+    WATCH_RETRY_SECONDS. The hint serves the watcher's idle ticks alone:
+    tc_save, tc_capture and tc_resume always walk the whole workspace.
     """
 
     def __init__(self, fd, add, remove, *, full_scan=WATCH_FULL_SCAN_SECONDS, log=None):
@@ -6753,7 +6777,7 @@ class GitRefWriter:
       are read from the same files. A repository whose refs are not files
       (reftable) is read through git instead: worktree list, ls-files,
       for-each-ref and stash list twice, and for-each-ref for the task's
-      refs.
+      refs: 14 processes for a save that makes a ref, 6 with verify off.
     - The commit's tree root is the workspace directory. For a workspace
       that is a subdirectory of a larger repository the tree therefore
       holds paths relative to the workspace, not to the repository top
@@ -6763,7 +6787,10 @@ class GitRefWriter:
       passes no path inside the store.
     - The parent is the task's previous checkpoint commit (the ref named
       by `parent_hint` when it exists, else the highest-numbered step ref
-      below this one), so `git log` walks the task's steps.
+      below this one), so `git log` walks the task's steps. The first
+      step's commit has none, so a repository without any commit needs
+      nothing more; a workspace whose `.git` is a file (a linked worktree,
+      a submodule) is found by rev-parse like any other.
     - The ref is created with `update-ref <ref> <new> <zero-oid>`: git
       refuses to overwrite an existing ref, so there is no
       check-then-write race; an existing ref yields reason "ref exists".
@@ -7859,7 +7886,19 @@ def refuse_foreign_paths(desc, policy):
 
 
 def load_package(package):
-    """Parse and check a handoff package completely before anything is written."""
+    """Parse and check a handoff package completely before anything is written.
+
+    Refused: an unknown format version; a task id that is not one a new
+    task may have, a task without a name, a goal or constraints that are
+    not text, an invalid last step number or exclude pattern; a symlink
+    anywhere in the package; a path that is absolute, holds an empty, '.'
+    or '..' segment or is listed twice; a file entry whose mode, size or
+    sha256 is not in the store's form, or whose file is missing or of
+    another size; in the history, a malformed step or file entry, a step
+    listed twice, no current step, carried content that does not match its
+    name, or a size its content does not have. The files' bytes are
+    checked against their hashes as they are copied in, and where they may
+    land in the receiving workspace by refuse_foreign_paths."""
     if not os.path.isdir(package):
         raise InvalidArgument("package %r is not a directory made by tc_export" % package)
     described = os.path.join(package, PACKAGE_DESCRIPTION)
@@ -8597,8 +8636,9 @@ class TaskSetup:
                       "the store" % (pointer, describe_os_error(exc)))
 
     def _baseline(self, ws, created):
-        """Record the workspace as the task finds it, as drift d0001; the
-        content it stores is added to the list created. (Its id, what the
+        """Record the workspace as the task finds it, as drift d0001 (a new
+        task has no stat cache, so every file is read); the content it
+        stores is added to the list created. (Its id, what the
         scan passed over and what it left out: see Recorder.newly_left_out.)"""
         snap = self.recorder.snapshot(ws, store_content=True)
         created.extend(snap.created)
@@ -8690,7 +8730,9 @@ class Saving:
              close, expected_head=None, agent=None):
         """Record the workspace as a new step of ws's task (under the lock).
         With expected_head, only when the task's head is that step (see
-        _repeat_candidate); agent: who saves it, kept on the step and its drift."""
+        _repeat_candidate); agent: who saves it, kept on the step and its drift.
+        At MAX_STEP only close is accepted: it makes no step, and what changed
+        goes into a drift record whose reason names the title."""
         ws.follow_active()
         ws.need_writable()
         current = ws.records.read_state()
@@ -8893,7 +8935,8 @@ class Saving:
     @gc_paused
     def unrecorded_signature(self, ws, store_dir, walked=None):
         """Stat-only description of unrecorded changes (empty when there are none),
-        what the watcher compares between ticks. store_dir: the store the
+        what the watcher compares between ticks: each file's size, mtime,
+        ctime, inode and device against its index row. store_dir: the store the
         watcher found ws's task in (another store now: nothing to record).
 
         A dict passed as walked receives "records", the store files whose
@@ -9312,7 +9355,8 @@ class Reporting:
         or from the manifest the state names when the index cannot be read
         (index_doc None). An index left behind by a failed write can only
         miss changes that drift_paths, compared against the same index,
-        then names."""
+        then names. A file edited and changed back stays listed while the
+        latest record holds the edit."""
         head_no, latest_no = state.get("head_manifest", 0), state.get("index_manifest", 0)
         if not state["head"] or not head_no or latest_no == head_no:
             return []
@@ -9380,7 +9424,9 @@ class Reporting:
     def _drift_paths(scan, index_doc):
         """The paths whose size or mtime differ from the index (new, changed
         or gone), but those the scan could not read and those git now
-        ignores, which no save will record as gone."""
+        ignores, which no save will record as gone. Size and mtime only: a
+        rewrite that keeps both (cp -p, rsync -t, tar -x) is missing here,
+        and a file edited and changed back can be listed."""
         rows = index_doc["files"]
         paths = [rel for rel, info in scan.files.items()
                  if rel not in rows or rows[rel].size != info.size
@@ -9474,6 +9520,11 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     which is never written (nor deleted: no scan lists it). within (a PathScope): only its paths are planned; the other
     files of current still stand in the way of what would be written.
     Preview and apply compute the same plan.
+
+    Permission bits are restored, so a file whose content matches but whose
+    bits differ is in to_replace (same_content); mtimes are not, since old
+    time stamps would make make-like tools skip a rebuild. A sensitive file
+    or one over 100 MB in the workspace is never deleted or overwritten.
     """
     plan = {"to_delete": [], "to_write": [], "to_replace": [], "unrestorable": []}
     untouchable = {item["path"]: item["reason"] for item in skipped}
@@ -10850,7 +10901,8 @@ class Exporting:
         """Copy the stored files of entries into directory; (their package
         entries, what was left out and why). A file git now ignores (a step
         recorded before that) is left out too: what git keeps out of a push
-        stays out of a package."""
+        stays out of a package. So is a file whose path inside the package
+        would pass the system's path limit there."""
         files, filtered = [], []
         payloads = ws.store.payloads
         entries = sensitive_now(entries, self.policies.of(ws))
@@ -11239,6 +11291,8 @@ class Checkpoints:
         return noted(ws, result)
 
     def capture(self, root, *, source="capture", partial=False, agent=None, label=None):
+        """Record the workspace's unrecorded changes now. waiting: the watcher
+        was still waiting for them to settle, so the record is partial."""
         agent = validate_agent(agent)
         Saving.check_label(label)
         ws = self.workspaces.resolve(root)
@@ -11257,6 +11311,9 @@ class Checkpoints:
 
     def show(self, root, *, task_id=None, index=None, include_drift=False, limit=50, cursor=0,
              diff=False):
+        """Steps and drift records as the store has them: only records are
+        read (and, with diff, the stored content compared); the workspace
+        is never scanned."""
         Reporting.check_show(index, diff)
         ws = self.workspaces.resolve(root, task_id)
         with ws.store.lock:

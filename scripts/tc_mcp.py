@@ -88,6 +88,9 @@ DRIFT_LIST_LIMIT = 20  # ... and of each drift's lists in tc_show,
 DRIFT_PAGE_LIMIT = 300  # ... whose page (up to 200 drifts) lists at most this many paths
 RESULT_BUDGET = 80_000  # bytes of a result's JSON: over it, its long lists are cut shorter
 LIST_FLOOR = 10  # ... but not below this many (a drift's lists and a page in proportion)
+# Both budgets count UTF-8 bytes with JSON escapes, so a CJK character costs
+# its three bytes in each: 60,000 bytes of text stay 60,000 bytes of JSON
+# in any script, and leave room under RESULT_BUDGET for the rest.
 TEXT_BUDGET = 60_000  # bytes of free text (step texts, goal, handoff) in one result,
 TEXT_FLOOR = 100  # ... shared out so that no text is cut below this (or its share),
 TEXT_ITEMS_LIMIT = 20  # ... and items of a step's verified or open_questions in a result,
@@ -772,7 +775,11 @@ def fit_result(name, result):
     texts must not push a result past what a client passes on to the model.
     What is not in these lists (a page of steps) can keep it over. A list of
     large entries (the tool's byte_lists: a diff) then gets the room the
-    rest leaves under RESULT_BUDGET (fit_entries)."""
+    rest leaves under RESULT_BUDGET (fit_entries).
+
+    The handoff of a tc_resume result is never cut: its own size comes out
+    of TEXT_BUDGET first, and the other texts share what is left, never
+    less than a quarter of the budget."""
     tool = TOOLS.get(name)
     if tool is None or tool.long_lists is None or not isinstance(result, dict):
         return result
@@ -1310,6 +1317,9 @@ class Server:
                                   % type(exc).__name__)
 
     def handle_message(self, message, seq=None):
+        """The response to one parsed message, or None for a notification or a
+        response. A request whose id is not one valid_id accepts (null, a
+        fraction) gets -32600 with a null id and is not run."""
         has_id = "id" in message
         msg_id = message.get("id")
         method = message.get("method")
@@ -1388,7 +1398,10 @@ def enveloped_version(params):
     """The protocol version a request of a handshake-free revision names in
     params._meta, or None for a request of the handshake revisions (whose
     _meta, if any, has no version key). An envelope that is incomplete or
-    names a revision this server does not speak is refused."""
+    names a revision this server does not speak is refused: without a
+    client capabilities object (CAPABILITIES_KEY), -32602; with a version not in
+    ENVELOPE_VERSIONS, -32022 whose data.supported lists the envelope and
+    the handshake versions, so that a client can fall back to initialize."""
     meta = params.get("_meta") if isinstance(params, dict) else None
     if not isinstance(meta, dict) or VERSION_KEY not in meta:
         return None
@@ -1399,8 +1412,6 @@ def enveloped_version(params):
     if not isinstance(version, str):
         raise RpcError(INVALID_PARAMS, "params._meta[%r] must be a string" % VERSION_KEY)
     if version not in ENVELOPE_VERSIONS:
-        # The handshake revisions are listed too: a client that knows none of
-        # the envelope ones then falls back to initialize.
         raise RpcError(UNSUPPORTED_VERSION,
                        "protocol version %r is not supported; use %s, or the initialize "
                        "handshake" % (version[:64], ", ".join(ENVELOPE_VERSIONS)),
