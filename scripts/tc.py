@@ -5316,6 +5316,20 @@ class Store:
         # Checkpoints._save_git).
         self.writer_died = False
         self.refs_checked = set()
+        # What recover() rolled back since a result last said so (see
+        # take_recovered): a call that only reads may be the one whose lock
+        # finished a dead writer's restore, and its caller hears of it.
+        self.recovered = collections.deque(maxlen=20)
+
+    def take_recovered(self):
+        """The sentences of the rollbacks done since the last call, once."""
+        said = []
+        while self.recovered:
+            try:
+                said.append(self.recovered.popleft())
+            except IndexError:
+                break
+        return said
 
     def task(self, task_id):
         records = self._tasks.get(task_id)
@@ -5550,7 +5564,7 @@ class Store:
             try:
                 rollback = Rollback.of_journal(self, directory, keep_edits=True)
                 if rollback is not None:
-                    rollback.run()
+                    self._said_rolled_back(rollback, rollback.run())
             except Exception as exc:  # kept for the next try; writes refuse meanwhile
                 if str(exc) != failed_before:
                     self.log("rollback of %s failed: %s" % (directory, exc))
@@ -5567,6 +5581,17 @@ class Store:
                     continue
                 self.reconcile_numbers(task_id)
             remove_file(self.marker_path)
+
+    def _said_rolled_back(self, rollback, not_back):
+        """Log and keep for the next result what rolling back rollback did."""
+        text = ("an interrupted %s (%s) was rolled back first: the %d file(s) it had begun "
+                "to change in %r are as they were before it" % (
+                    rollback.op, rollback.op_id or "no id", len(rollback.undo), rollback.root))
+        if not_back:
+            text += ", except %d that could not be put back (%s; see server.log)" % (
+                len(not_back), ", ".join(map(repr, not_back[:5])))
+        self.log(text)
+        self.recovered.append(text)
 
     def reconcile_numbers(self, task_id):
         """Count records a dead writer left beyond its state, so no number is reused.
@@ -5798,8 +5823,9 @@ class Workspaces:
         with self._lock:
             store = self._stores.get(directory)
             if store is None:
-                store = self._stores[directory] = Store(directory, self.log,
-                                                        lock_timeout=self.lock_timeout)
+                store = self._stores[directory] = Store(
+                    directory, functools.partial(self.log, store=directory),
+                    lock_timeout=self.lock_timeout)
             return store
 
     def store_dir_for(self, root):
@@ -11215,10 +11241,17 @@ class Importing:
 
 
 def noted(ws, result):
-    """result with ws.note (a moved workspace, an adopted task) ahead of any
-    note of its own."""
+    """result with what this call found done first (a dead writer's restore
+    rolled back, Store.take_recovered) and ws.note (a moved workspace, an
+    adopted task) ahead of any note of its own."""
+    store = getattr(ws, "store", None)
+    said = store.take_recovered() if store is not None else []
     if getattr(ws, "note", None):
-        result["note"] = ws.note + ("; " + result["note"] if result.get("note") else "")
+        said.append(ws.note)
+    if said:
+        if result.get("note"):
+            said.append(result["note"])
+        result["note"] = "; ".join(said)
     return result
 
 
@@ -11249,10 +11282,15 @@ class Checkpoints:
         self.importing = Importing(self.workspaces, self.recorder, self.log)
         self.watcher = None
 
-    def log(self, message):
+    def log(self, message, store=None):
+        """Pass message to the log sink; store: the store directory it is
+        about, for a sink that keeps a log in each store (per_store)."""
         if self._log_sink:
             try:
-                self._log_sink(message)
+                if store is not None and getattr(self._log_sink, "per_store", False):
+                    self._log_sink(message, store=store)
+                else:
+                    self._log_sink(message)
             except Exception:
                 pass
 

@@ -337,6 +337,12 @@ def call_compress(cp, a):
 
 # (collections.namedtuple rather than typing.NamedTuple: the typing module
 # costs every server start a few milliseconds.)
+# Why the read-only tools may still write: the lock every call takes first
+# finishes what a killed process left half done (Store.recover).
+CRASH_CLAUSE = ("It changes nothing itself; like any call, it first rolls back a restore or "
+                "import a killed process left half done, and its note then says so.")
+
+
 class Hints(collections.namedtuple("Hints", "title read_only destructive idempotent",
                                    defaults=(False, False, False))):
     """What a client may show or decide before calling a tool: its title,
@@ -468,7 +474,7 @@ TOOLS = {
         description="List the steps of the active task (or of task_id), newest last, a page "
                     "at a time; include_drift adds the drift records that belong to the page's "
                     "steps; index shows one step with its files, and with diff: true what that "
-                    "step changed.",
+                    "step changed. " + CRASH_CLAUSE,
         input=s_obj({
             "root": ROOT, "task_id": TASK_ID,
             "index": s_int("Show this step with its files.", minimum=1),
@@ -556,7 +562,7 @@ TOOLS = {
         hints=Hints("Pick the task up", read_only=True, idempotent=True),
         description="Read-only: everything a new session needs to continue the active task "
                     "(or task_id), with a ready-made handoff text, the last step, the newest "
-                    "steps (recent), and the paths changed but not yet recorded.",
+                    "steps (recent), and the paths changed but not yet recorded. " + CRASH_CLAUSE,
         input=s_obj({"root": ROOT, "task_id": TASK_ID}, ["root"]),
         output=s_out({
             "goal": {"type": "string"}, "constraints": {"type": "string"},
@@ -1028,16 +1034,18 @@ class RpcError(Exception):
 # ---------------------------------------------------------------------------
 
 class Logger:
-    """Lines to stderr and to the server.log of the stores in use (best effort)."""
+    """Lines to stderr and to the server.log of the stores in use (best effort),
+    and of the store a line is about (store=, per_store)."""
 
     MAX_LOG_BYTES = 1 << 20
+    per_store = True
 
     def __init__(self, stream=None):
         self.stream = stream if stream is not None else sys.stderr
         self.lock = threading.Lock()
         self.store_dirs = []
 
-    def __call__(self, message):
+    def __call__(self, message, store=None):
         line = "%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), message)
         with self.lock:
             try:
@@ -1045,7 +1053,10 @@ class Logger:
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
-            for directory in self.store_dirs:
+            directories = list(self.store_dirs)
+            if store is not None and store not in directories:
+                directories.append(store)
+            for directory in directories:
                 self._append(directory, line)
 
     def _append(self, directory, line):

@@ -523,8 +523,15 @@ class EditsAfterTheCrash(KilledRestoreTest):
         # One edited past what is ever stored (sparse: no room taken) stays as it is.
         huge = os.path.join(self.root, *replaced[1].split("/"))
         os.truncate(huge, 101 * 1024 * 1024)
-        self.server().ok("tc_show", root=self.root)  # its lock rolls the journal back
+        srv = self.server()
+        shown = srv.ok("tc_show", root=self.root)  # its lock rolls the journal back
         self.assertEqual(os.listdir(journal_base) if os.path.isdir(journal_base) else [], [])
+        # The call that only reads says what its lock did, and so does the store's log.
+        self.assertIn("an interrupted restore", shown["note"] or "")
+        self.assertIn("rolled back first", shown["note"])
+        with open(os.path.join(self.store, "server.log"), encoding="utf-8") as fh:
+            self.assertIn("rolled back first", fh.read())
+        self.assertIsNone(srv.ok("tc_show", root=self.root).get("note"), "said once")
         self.assertEqual(os.path.getsize(huge), 101 * 1024 * 1024)
         now = snapshot(self.root)
         del now[replaced[1]], before[replaced[1]]
