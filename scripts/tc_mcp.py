@@ -691,7 +691,12 @@ def check_value(name, value, schema):
         except UnicodeEncodeError:
             return "argument %r contains an unpaired surrogate (not valid Unicode text)" % name
         if len(value) < schema.get("minLength", 0):
-            return "argument %r must not be empty" % name
+            if not value or schema["minLength"] == 1:
+                return "argument %r must not be empty" % name
+            return "argument %r must be %d characters, got %d%s" % (
+                name, schema["minLength"], len(value),
+                "; pass the whole plan_id the preview (apply: false) returned"
+                if name == "plan_id" else "")
         if len(value) > schema.get("maxLength", TEXT_LIMIT):
             return "argument %r is too long (%d characters, at most %d)" % (
                 name, len(value), schema.get("maxLength", TEXT_LIMIT))

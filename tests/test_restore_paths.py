@@ -148,6 +148,11 @@ class BoundToThePreview(RestoreTrustTest):
         self.assertIn("'src/c.py'", res.text)
         self.assertIn("Nothing was written", res.text)
         self.assertEqual(self.unchanged(), state)
+        short = self.refused("tc_restore", root=self.root, index=1, apply=True,
+                             plan_id=preview["plan_id"][:12])
+        self.assertIn("must be 64 characters, got 12", short.text)
+        self.assertIn("whole plan_id", short.text)
+        self.assertEqual(self.unchanged(), state)
         # Previewed again, the same state gives the same id, and it applies.
         again = self.restore(index=1)
         self.assertNotEqual(again["plan_id"], preview["plan_id"])
