@@ -11211,8 +11211,12 @@ class Importing:
         state = make_state(task_id=ws.task_id, name=task["name"], goal=task.get("goal") or "",
                            constraints=task.get("constraints") or "", root=ws.root,
                            exclude=PathPolicy.check_patterns(task.get("exclude") or []))
+        # Only content crosses: a sensitive or over-limit file of the sender
+        # is no file of this workspace, so its steps here do not list it
+        # (as with a package without history), and nothing here reads as
+        # changed for lacking it.
         steps = [(h["step"], {p: manifest_entry(e.kind, e.sha, e.size, e.mode & 0o777, e.mtime_ns)
-                              for p, e in h["files"].items()})
+                              for p, e in h["files"].items() if e.kind == KIND_FILE})
                  for h in desc.get("history") or []]
         if not steps and desc.get("step"):
             current = {f["path"]: manifest_entry(KIND_FILE, f["sha256"], f["size"],

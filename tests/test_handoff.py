@@ -447,6 +447,32 @@ class NewerSensitiveListTest(HandoffBase):
             self.assertFalse(os.path.exists(os.path.join(other, "credentials.md")))
 
 
+class LeftOutFilesAcrossTest(HandoffBase):
+    """What the sender's steps hold of a sensitive file (its size, no
+    content) does not cross: the receiver's steps do not list it, so it
+    never reads as changed there for being absent."""
+
+    def test_a_sensitive_file_of_the_sender_is_not_changed_on_the_receiver(self):
+        self.write("main.py", "x = 1\n")
+        self.write("deploy/id_rsa", "PRIVATE\n")
+        cp = tc.Checkpoints(tc.Config(watch=False, git=False))
+        cp.init(self.root, "left out")
+        cp.save(self.root, "one")
+        self.write("main.py", "x = 2\n")
+        cp.save(self.root, "two")
+        for history in (False, True):
+            exported = cp.export(self.root, self.other_dir("tc-out-"), history=history)
+            other = self.other_dir("tc-in-")
+            cp.import_package(other, exported["path"])
+            resumed = cp.resume(other)
+            self.assertEqual(resumed["changed_since_step"], [], history)
+            self.assertNotIn("id_rsa", resumed["handoff"], history)
+            self.assertEqual(read(other, "main.py"), b"x = 2\n")
+        # With history, the sender's first step restores here, deleting nothing.
+        self.assertEqual(cp.restore(other, index=1, apply=True)["plan"]["to_delete"], [])
+        self.assertEqual(read(other, "main.py"), b"x = 1\n")
+
+
 class LongPathTest(HandoffBase):
 
     def test_a_path_too_long_for_the_package_is_filtered_not_fatal(self):
