@@ -8537,9 +8537,22 @@ class TaskSetup:
                 % (baseline, len(ws.records.read_index()["files"])))
         if moved:
             note = moved + "; " + note
+        if external:
+            note += self._pointer_advice(ws)
         return {"task_id": ws.task_id, "name": ws.state["name"], "store": st.directory,
                 "store_is_external": external, "prev_suspended": prev_suspended,
                 "exclude": exclude, "note": note, "skipped_paths": skipped}, ws
+
+    def _pointer_advice(self, ws):
+        """For a store outside the workspace: what to do about the pointer
+        file, which git lists as untracked unless its rules ignore it."""
+        if not os.path.isfile(os.path.join(ws.root, POINTER_NAME)):
+            return ""
+        git = self.recorder.git_view(ws)
+        if git is None or git.tracked.has(POINTER_NAME) or git.ignored(POINTER_NAME, False):
+            return ""
+        return ("; %s (where the store is) shows in git status as untracked: add it to "
+                ".gitignore or .git/info/exclude to keep it out of commits" % POINTER_NAME)
 
     def _follow_moved_store(self, root):
         """Workspaces.adopt_moved_tasks for the store root uses; its note."""

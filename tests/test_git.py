@@ -1298,3 +1298,21 @@ class TrackedUnderExcludedNamesTest(GitCase):
         self.assertEqual(self.read("services/build/later.py"), b"made after step one\n")
         self.assertIn("services/build/later.py", paths_of(plan["unrestorable"]))
         self.assertFalse(os.path.exists(os.path.join(self.root, "src", "later.py")))
+
+
+@unittest.skipIf(REAL_GIT is None, "git is not installed")
+class ExternalStorePointerTest(GitCase):
+    """An external store leaves its address in the workspace; tc_init says
+    that git lists it, until git's rules ignore it."""
+
+    def test_init_says_how_to_keep_the_pointer_out_of_commits(self):
+        make_git_repo(self.root)
+        srv = self.server()
+        store = os.path.join(self.other_dir(), "store")
+        note = srv.ok("tc_init", root=self.root, name="outside", store=store)["note"]
+        self.assertIn(".task-checkpoint-store.json", note)
+        status = git(self.root, "status", "--porcelain", env=QUIET)
+        self.assertIn(b".task-checkpoint-store.json", status, "the note is about a real listing")
+        self.write(".gitignore", ".task-checkpoint-store.json\n")
+        again = srv.ok("tc_init", root=self.root, name="outside again", store=store)["note"]
+        self.assertNotIn(".task-checkpoint-store.json", again)
