@@ -9215,6 +9215,21 @@ class Reporting:
         return result
 
     @staticmethod
+    def steps_diff(ws, first, second):
+        """What differs from step first to step second (any two steps, in
+        either order: first is the "-" side), from the store alone (under
+        the lock). For the command line's diff N M; tc_show's diff is a
+        step against the one before it."""
+        ws.follow_active()
+        state = ws.records.read_state()
+        maps = []
+        for index in (first, second):
+            ws.records.check_step_number(index, state["last_step"])
+            maps.append(ws.records.manifests.load(ws.records.read_step(index)["manifest"]))
+        return {"task_id": ws.task_id, "from": first, "to": second,
+                "diff": records_diff(ws.store.payloads, *maps)}
+
+    @staticmethod
     def _before_step(ws, index):
         """The files as they were before step index: the step before it, or
         for the first step the task's baseline (empty when it has none, as
@@ -11375,6 +11390,13 @@ class Checkpoints:
             result = self.reporting.show(ws, index=index, include_drift=include_drift,
                                          limit=limit, cursor=cursor, diff=bool(diff))
         self._watch(ws.root, ws.store)
+        return noted(ws, result)
+
+    def steps_diff(self, root, first, second, *, task_id=None):
+        """What differs from step first to step second (see Reporting.steps_diff)."""
+        ws = self.workspaces.resolve(root, task_id)
+        with ws.store.lock:
+            result = self.reporting.steps_diff(ws, first, second)
         return noted(ws, result)
 
     def resume(self, root, *, task_id=None):

@@ -1938,16 +1938,18 @@ def command_parser():
         for flags, options in arguments:
             sub.add_argument(*flags, **options)
 
-    number = {"type": int, "metavar": "N"}
+    number = {"type": step_number, "metavar": "N"}
     add("status")
     add("log", (["--drift"], {"action": "store_true", "help": "list the drift records too"}))
     add("show", (["index"], dict(number, help="the step number")))
     add("diff", (["index"], dict(number, help="the step number")),
         (["other"], {"type": int, "metavar": "M", "nargs": "?",
-                     "help": "a neighbouring step (N-1 or N+1); left out: the workspace now"}),
+                     "help": "another step: what changed from N to M; left out: what "
+                             "restoring N would change in the workspace now"}),
         (["--stat"], {"action": "store_true", "help": "counts of lines per file only"}))
-    add("restore", (["target"], {"metavar": "TARGET",
-                                 "help": "a step number, or a drift id such as d0007"}),
+    add("restore", (["target"], {"metavar": "TARGET", "nargs": "?",
+                                 "help": "a step number (3 or s0003), or a drift id such as "
+                                         "d0007"}),
         (["paths"], {"nargs": "*", "metavar": "PATH",
                      "help": "only these workspace paths (files or folders)"}),
         (["--apply"], {"action": "store_true", "help": "change the workspace"}))
@@ -1965,6 +1967,31 @@ def command_parser():
     return parser
 
 
+STEP_NUMBER = re.compile(r"s?([0-9]+)")
+# What a terminal would act on in an agent's words: controls (but newline and
+# tab), line and paragraph separators, and the marks that reorder text.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f"
+                         "\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text):
+    """text as a terminal should get it: the characters UNPRINTABLE names
+    shown as escapes, so no title or conclusion can move the cursor, change
+    colours or pass for a line of its own."""
+    return UNPRINTABLE.sub(lambda m: ("\\x%02x" if ord(m.group()) < 0x100 else "\\u%04x")
+                           % ord(m.group()), text)
+
+
+def step_number(text):
+    """A step number as a person may give it: 3, or s0003 as refs and
+    targets spell it."""
+    match = STEP_NUMBER.fullmatch(text.strip())
+    if match is None:
+        import argparse
+        raise argparse.ArgumentTypeError("invalid step number %r (give 3, or s0003)" % text)
+    return int(match.group(1))
+
+
 def run_command(argv):
     """A command for people; its exit status."""
     args = command_parser().parse_args(argv)  # bad usage: argparse exits with 2
@@ -1978,20 +2005,23 @@ def run_command(argv):
         with contextlib.suppress(tc.CheckpointError, OSError, ValueError):
             log.store_dirs[:] = [cp.store_directory(root)]
         result, text = RUNNERS[args.command](cp, root, args)
+        note = result.get("note") if isinstance(result, dict) else None
+        if note and text and note.strip() not in text:
+            text = text.rstrip("\n") + "\n\nnote: " + note.strip()
     except UsageError as exc:
         print("tc-mcp %s: %s" % (args.command, exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # what was under way stops as after a kill: the store recovers
         return 130
     except Exception as exc:  # noqa: BLE001 (every failure is one line, never a traceback)
-        print("tc-mcp %s: %s" % (args.command, failure_text(args.command, exc, log)),
+        print("tc-mcp %s: %s" % (args.command, printable(failure_text(args.command, exc, log))),
               file=sys.stderr)
         return 1
     if args.json:
         text = json.dumps(result, ensure_ascii=False, indent=2)
     if text:
         try:
-            sys.stdout.write(text.rstrip("\n") + "\n")
+            sys.stdout.write(printable(text.rstrip("\n")) + "\n")
             sys.stdout.flush()
         except BrokenPipeError:  # `tc-mcp log | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -2149,8 +2179,8 @@ def run_show(cp, root, args):
     lines = ["step %d%s  %s  %s" % (step["index"], " (head)" if step.get("head") else "",
                                     step.get("created") or "", age_text(step.get("created")))]
     for key in ("title", "conclusion", "description", "next"):
-        if step.get(key):
-            lines.append("%s: %s" % (key, step[key]))
+        if step.get(key):  # continuation lines indented: none passes for a field of its own
+            lines.append("%s: %s" % (key, step[key].rstrip("\n").replace("\n", "\n  ")))
     for key in ("verified", "open_questions"):
         if step.get(key):
             lines.append("%s:" % key.replace("_", " "))
@@ -2169,8 +2199,8 @@ def restore_call(cp, root, target, *, paths=(), apply=False):
     """tc_restore of target (a step number or a drift id): a preview with
     its diff, or with apply the restore itself."""
     arguments = {"root": root, "apply": apply}
-    if re.fullmatch(r"[0-9]+", target):
-        arguments["index"] = int(target)
+    if STEP_NUMBER.fullmatch(target):
+        arguments["index"] = step_number(target)
     else:
         arguments["drift_id"] = target
     if paths:
@@ -2205,17 +2235,12 @@ def diff_text(entries, stat):
 def run_diff(cp, root, args):
     if args.other is None:
         result = restore_call(cp, root, str(args.index))
-        header = "the workspace now (-) against step %d (+):" % args.index
-    elif abs(args.other - args.index) == 1:
-        later = max(args.index, args.other)
-        result = call_tool(cp, "tc_show", root=root, index=later, diff=True)
-        header = "step %d (-) against step %d (+):" % (later - 1, later)
+        header = ("what restoring step %d would change: the workspace now (-), step %d (+):"
+                  % (args.index, args.index))
     else:
-        raise UsageError("diff N M compares neighbouring steps (M is N-1 or N+1); "
-                         "`tc-mcp diff N` compares step N with the workspace")
-    entries = result.get("diff") if args.other is None else (
-        result["steps"][0].get("diff") or result.get("diff"))
-    return result, header + "\n" + diff_text(entries or [], args.stat)
+        result = cp.steps_diff(root, args.index, args.other)
+        header = "step %d (-) to step %d (+):" % (args.index, args.other)
+    return result, header + "\n" + diff_text(result.get("diff") or [], args.stat)
 
 
 def plan_lines(result):
@@ -2245,8 +2270,12 @@ def restore_text(result, what):
 
 
 def run_restore(cp, root, args):
+    if args.target is None:
+        raise UsageError("restore needs TARGET: a step number (3 or s0003) or a drift id "
+                         "(d0007), then any PATHs to restore only those")
     result = restore_call(cp, root, args.target, paths=args.paths, apply=args.apply)
-    what = ("step %s" % args.target if args.target.isdigit() else args.target) + (
+    target = args.target
+    what = ("step %d" % step_number(target) if STEP_NUMBER.fullmatch(target) else target) + (
         " (%s)" % ", ".join(args.paths) if args.paths else "")
     return result, restore_text(result, what)
 

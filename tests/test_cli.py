@@ -134,7 +134,7 @@ class StoreInUseTest(CommandTest):
         text = self.ok("show", "2")
         self.assertIn("step 2", text)
         self.assertIn("title: second draft", text)
-        self.assertIn("conclusion: the plan holds\nsecond line of the conclusion", text)
+        self.assertIn("conclusion: the plan holds\n  second line of the conclusion", text)
         self.assertIn("files (2):", text)
         self.assertRegex(text, r"\n\s+\d+ B\s+file\s+notes.txt")
         self.assertRegex(text, r"\n\s+\d+ B\s+file\s+src/app.py")
@@ -218,11 +218,16 @@ class StoreInUseTest(CommandTest):
         self.assertEqual(self.ok_json("diff", "2")["diff"][0]["path"], "notes.txt")
 
     @unittest.skipUnless(SHOW_DIFF, NO_SHOW_DIFF)
-    def test_diff_between_neighbouring_steps(self):
+    def test_diff_between_two_steps_in_the_order_given(self):
         text = self.ok("diff", "2", "3")
+        self.assertIn("step 2 (-) to step 3 (+)", text)
         self.assertIn("-v2", text)
         self.assertIn("+v3", text)
-        self.assertEqual(self.ok("diff", "3", "2"), text)
+        back = self.ok("diff", "s0003", "2")
+        self.assertIn("-v3", back)
+        self.assertIn("+v2", back)
+        self.assertIn("+v3", self.ok("diff", "1", "3"))
+        self.assertEqual(self.ok_json("diff", "1", "3")["diff"][0]["path"], "notes.txt")
 
     def test_usage_and_compress(self):
         text = self.ok("usage")
@@ -268,12 +273,12 @@ class StoreInUseTest(CommandTest):
 
     def test_exit_status_and_one_line_errors(self):
         self.assertIn("99", self.fails(1, "show", "99"))
-        self.assertIn("invalid int value", self.fails(2, "show", "x"))
-        self.fails(2, "restore")
+        self.assertIn("invalid step number 'x'", self.fails(2, "show", "x"))
+        self.assertIn("restore needs TARGET", self.fails(2, "restore"))
         self.assertIn("'label' is too long", self.fails(2, "capture", "--label", "x" * 201))
         self.assertIn("'keep_seconds' must be >= 0",
                       self.fails(2, "compress", "--keep-seconds", "-1"))
-        self.assertIn("diff N M compares neighbouring steps", self.fails(2, "diff", "1", "3"))
+        self.assertIn("99", self.fails(1, "diff", "1", "99"))
         missing = os.path.join(self.tmp, "missing")
         self.assertIn("does not exist", self.fails(1, "status", root=missing))
         bare = os.path.join(self.tmp, "bare")
@@ -299,6 +304,36 @@ class StoreInUseTest(CommandTest):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         for name in tc_mcp.COMMANDS:
             self.assertRegex(proc.stdout, r"\n  %s\s" % name)
+
+
+class WordsOnATerminalTest(CommandTest):
+    """What an agent wrote reaches a person's terminal as text: no control
+    character acts, no line of a conclusion passes for a field, step ids
+    are taken as refs spell them, and a result's note is printed."""
+
+    def test_titles_conclusions_ids_and_notes(self):
+        tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.root = os.path.join(tmp, "ws")
+        write(self.root, "a.txt", "one\n")
+        srv = Server()
+        self.addCleanup(srv.close)
+        srv.initialize()
+        srv.ok("tc_init", root=self.root, name="words")
+        srv.ok("tc_save", root=self.root, title="clear\x1b[2J\u2028Next step: forged",
+               conclusion="done\nnext: forged")
+        srv.close()
+        log = self.ok("log")
+        self.assertNotIn("\x1b", log)
+        self.assertIn("clear\\x1b[2J\\u2028Next step: forged", log)
+        show = self.ok("show", "s0001")
+        self.assertIn("conclusion: done\n  next: forged", show)
+        self.assertNotIn("\nnext: forged", show)
+        self.assertIn("preview of restoring step 1", self.ok("restore", "s0001"))
+        copy = os.path.join(tmp, "copy")
+        shutil.copytree(self.root, copy, symlinks=True)
+        status = self.ok("status", root=copy)
+        self.assertIn("\nnote: the workspace was moved or copied from %r" % self.root, status)
 
 
 class UndoWithNothingToUndoTest(CommandTest):
