@@ -1258,6 +1258,9 @@ class Server:
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "tools/call needs params with a tool name")
         name = params.get("name")
+        if name is None:
+            raise RpcError(INVALID_PARAMS, "tools/call needs params.name, the tool to run; "
+                                           "tools/list names the ten tools")
         if not isinstance(name, str) or name not in TOOLS:
             raise RpcError(INVALID_PARAMS, "unknown tool %s; tools/list names the ten tools"
                            % brief(name))
@@ -1315,7 +1318,8 @@ class Server:
         try:
             message = load_message(raw)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            return error_response(None, PARSE_ERROR, "parse error: %s" % type(exc).__name__)
+            return error_response(None, PARSE_ERROR, "parse error: %s; send one JSON-RPC "
+                                  "message per line" % parse_problem(exc))
         if isinstance(message, list):
             return error_response(None, INVALID_REQUEST, "batches are not supported; send "
                                   "one request per line")
@@ -1470,6 +1474,18 @@ def read_int(digits):
     reads as infinite, so it is refused by name like 1e400, not as a parse
     error."""
     return int(digits) if len(digits) <= INT_DIGITS_LIMIT else float(digits)
+
+
+def parse_problem(exc):
+    """What is wrong with a line load_message refused, in a few words."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 (byte %d)" % exc.start
+    if isinstance(exc, json.JSONDecodeError):
+        return "not valid JSON (%s at column %d)" % (exc.msg, exc.colno)
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = one_line(str(exc))[:80]
+    return text or "not valid JSON"
 
 
 def load_message(raw):

@@ -123,7 +123,12 @@ class MessageHandlingTest(ProtocolTest):
         for line in ("this is not json", '{"jsonrpc": "2.0", "id": 4, "method": "ping"',
                      "{'single': 'quotes'}", "[1, 2,]"):
             with self.subTest(line=line):
-                self.assert_error(self.send_line(self.srv, line), (-32700,))
+                reply = self.send_line(self.srv, line)
+                self.assert_error(reply, (-32700,))
+                # Says what is wrong and where, not the parser's exception name.
+                self.assertRegex(reply["error"]["message"], r"not valid JSON \(.+ at column \d+\)")
+        reply = self.send_line(self.srv, b"\xff\xfe")
+        self.assertIn("not UTF-8 (byte 0)", reply["error"]["message"])
         self.assert_alive(self.srv)
 
     def test_json_that_is_not_a_request(self):
@@ -531,6 +536,10 @@ class ToolCallErrorsTest(ProtocolTest):
     def test_unknown_tool(self):
         reply = self.srv.request("tools/call", {"name": "tc_nope", "arguments": {"root": self.root}})
         self.assert_error(reply, (-32602,), ids=(self.srv._id,))
+        for params in ({"arguments": {}}, []):
+            reply = self.srv.request("tools/call", params)
+            self.assert_error(reply, (-32602,), ids=(self.srv._id,))
+            self.assertIn("needs params.name", reply["error"]["message"])
         self.assert_alive(self.srv)
 
     def test_wrong_types(self):
