@@ -7775,14 +7775,29 @@ def by_agent(record):
     return " by %s" % handoff_field(agent, one_line=True) if agent else ""
 
 
-def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=()):
+def _changes_list(paths, gone):
+    """paths for a handoff line, those in gone (no longer on disk) named
+    apart, so that a deletion does not read as an edit."""
+    if not gone or not paths:
+        return _path_list(paths)
+    there = [path for path in paths if path not in gone]
+    deleted = [path for path in paths if path in gone]
+    if not there:
+        return "deleted: " + _path_list(deleted)
+    if not deleted:
+        return _path_list(there)
+    return "%s; deleted: %s" % (_path_list(there), _path_list(deleted))
+
+
+def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=(),
+                 gone=frozenset()):
     """Plain text a person can paste into a new session. changed: the paths
     that differ from the current step, recorded or not; shown when the drift
     layer recorded some of them (else it is the same list as drift_paths).
     unread: why the workspace could not be listed, when it could not (what
     is not recorded is then unknown, not none); unseen: the folders and
     files in it the scan could not read (named, since what changed in them
-    is unknown)."""
+    is unknown); gone: the paths of those lists no longer on disk."""
     lines = ["Task: %s" % handoff_field(state.get("name", ""), one_line=True),
              "Goal: %s" % (handoff_field(state.get("goal")) or "(not stated)")]
     if state.get("constraints"):
@@ -7796,11 +7811,11 @@ def handoff_text(state, last, drift_paths, changed=None, *, unread=None, unseen=
     else:
         lines += ["Current step: none saved yet", "Next step: (not stated)"]
     if last and changed and changed != drift_paths:
-        lines.append("Changed since step %d: %s" % (last["index"], _path_list(changed)))
+        lines.append("Changed since step %d: %s" % (last["index"], _changes_list(changed, gone)))
     if unread:
         lines.append("Not yet recorded: unknown (the workspace could not be read: %s)" % unread)
     else:
-        lines.append("Not yet recorded: %s" % _path_list(drift_paths) + (
+        lines.append("Not yet recorded: %s" % _changes_list(drift_paths, gone) + (
             " (not read: %s)" % _path_list(list(unseen)) if unseen else ""))
     return "\n".join(lines)
 
@@ -9368,8 +9383,10 @@ class Reporting:
                   "health": {"ok": not errors, "errors": list(dict.fromkeys(errors))},
                   "store": ws.store.directory, "active_task": active, "skipped": skipped,
                   "recent": self._recent_steps(ws)}
+        gone = frozenset(path for path in changed
+                         if not os.path.lexists(os.path.join(ws.root, *path.split("/"))))
         result["handoff"] = handoff_text(state, last, drift_paths, changed, unread=unread,
-                                         unseen=unseen)
+                                         unseen=unseen, gone=gone)
         return result
 
     @staticmethod

@@ -612,7 +612,8 @@ class ResumeTest(ToolsTest):
         since = ["src/a.py", "src/b.py", "src/gone.py", "src/new_file.py"]
         self.assertEqual(res["changed_since_step"], since)
         lines = res["handoff"].splitlines()
-        self.assertIn("Changed since step 2: " + ", ".join(since), lines)
+        self.assertIn("Changed since step 2: src/a.py, src/b.py, src/new_file.py; "
+                      "deleted: src/gone.py", lines)
         self.assertEqual(lines[-1], "Not yet recorded: src/b.py")
         self.assertEqual(self.ok("tc_resume", srv=self.server(), root=self.root), res)
         self.save("Switched the views")
