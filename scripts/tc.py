@@ -2800,15 +2800,27 @@ class GitView:
     folder, the others are read when asked), and the tracked paths, which
     are never ignored. repo: what load_repo_ignores found for the root."""
 
-    __slots__ = ("root", "repo", "tracked", "watched", "stacks", "ignored_paths")
+    __slots__ = ("root", "repo", "tracked", "watched", "stacks", "ignored_paths", "reader")
 
-    def __init__(self, root, repo):
+    def __init__(self, root, repo, reader=None):
         self.root = root
         self.repo = repo
         self.tracked = repo.tracked
         self.watched = repo.watched  # files outside the workspace that change the decisions
         self.stacks = {}  # folder ("" the root) -> the IgnoreStack in force in it
         self.ignored_paths = []  # what the scan left out: files, folders ending in "/"
+        self.reader = reader  # folder -> its .gitignore's bytes, or None (see recorded)
+
+    def recorded(self, entries, payloads):
+        """The same repository's decisions under the .gitignore files a
+        record holds (entries: its files) instead of those on disk: what git
+        ignores once a restore has put that record's rules back."""
+        def reader(folder):
+            entry = entries.get(folder + "/.gitignore" if folder else ".gitignore")
+            if entry is None or entry.kind != KIND_FILE:
+                return None
+            return read_ignore_file(payloads.path(entry.sha))
+        return GitView(self.root, self.repo, reader)
 
     def listed(self, folder, fd, parent):
         """The stack of folder (no trailing "/"), which the scan has open as
@@ -2831,9 +2843,11 @@ class GitView:
                     parent = parent.below_ignored()
             else:
                 parent = self.repo.stack
-            stack = self.stacks[folder] = parent.child(folder, None if parent.everything else
-                                                       read_ignore_file(self._path(folder,
-                                                                                   ".gitignore")))
+            data = None
+            if not parent.everything:
+                data = (self.reader(folder) if self.reader is not None
+                        else read_ignore_file(self._path(folder, ".gitignore")))
+            stack = self.stacks[folder] = parent.child(folder, data)
         return stack
 
     def _path(self, folder, name):
@@ -9578,7 +9592,7 @@ def same_content(have, want):
 
 
 def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None,
-                 within=None, ignored=None):
+                 within=None, ignored=None, ignored_after=None):
     """What a restore to target changes in a workspace whose state is current.
 
     skipped: paths the scan passed over (unreadable, symlinks, special
@@ -9588,7 +9602,9 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     nor overwritten, but a missing one is written. With OLDER_NAMES among
     them (older_names), a file the record's older name rules left out is
     not deleted either. ignored(path): True for a path git ignores in this workspace,
-    which is never written (nor deleted: no scan lists it). within (a PathScope): only its paths are planned; the other
+    which is never written (nor deleted: no scan lists it); ignored_after(path):
+    True for a path git ignores under the target's own .gitignore files,
+    which is not deleted either (it is an ignored file once they are back). within (a PathScope): only its paths are planned; the other
     files of current still stand in the way of what would be written.
     Preview and apply compute the same plan.
 
@@ -9614,6 +9630,9 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
             plan["unrestorable"].append({"path": path, "reason": left})
         elif older is not None and policy.left_out_before(path, older):
             plan["unrestorable"].append({"path": path, "reason": OLDER_NAMES_REASON})
+        elif ignored_after is not None and ignored_after(path):
+            plan["unrestorable"].append({"path": path, "reason": "git ignores it under that "
+                                         "record's .gitignore rules: left as it is"})
         elif have.kind == KIND_SENSITIVE:
             plan["unrestorable"].append({"path": path, "reason": "sensitive file: never deleted"})
         elif have.kind == KIND_BIG:
@@ -9974,6 +9993,15 @@ class Restoring:
             result["diff"] = changes
         return result
 
+    @staticmethod
+    def _ignore_tests(snap, target, payloads):
+        """plan_restore's ignored and ignored_after for a restore to target
+        (a record's files) of a workspace as snap found it."""
+        if snap.git is None:
+            return {"ignored": None, "ignored_after": None}
+        after = snap.git.recorded(target, payloads)
+        return {"ignored": snap.git.ignored, "ignored_after": after.ignored}
+
     def _seen_policy(self, ws, snap):
         """ws's policy as the snapshot's scan applied it: with git's tracked
         paths in a git work tree (PathPolicy.seeing)."""
@@ -9992,7 +10020,7 @@ class Restoring:
             plan = plan_restore(target, snap.entries, base.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,
                                 policy=self._seen_policy(base, snap), within=scope,
-                                ignored=snap.git.ignored if snap.git else None)
+                                **self._ignore_tests(snap, target, base.store.payloads))
             states = plan_states(plan, snap.entries, target)
             computed = plan_digest(identity, states)
             if apply and plan_id is not None and plan_id != computed:
@@ -10236,7 +10264,7 @@ class Restoring:
             plan = plan_restore(target, snap.entries, ws.store.payloads.has,
                                 skipped=snap.skipped, unseen=unseen,
                                 policy=self._seen_policy(ws, snap), within=scope,
-                                ignored=snap.git.ignored if snap.git else None)
+                                **self._ignore_tests(snap, target, ws.store.payloads))
         return snap, plan
 
     def _receipt(self, ws, target, done, recovered):

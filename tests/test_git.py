@@ -1200,6 +1200,24 @@ class GitIgnoredTest(GitCase):
         self.assertTrue({"local.yaml", "env/lib/site.py", "run.log"}
                         <= self.step_files(srv, saved["index"]))
 
+    def test_a_file_that_became_ignored_is_not_deleted_by_a_step_whose_rules_ignore_it(self):
+        make_git_repo(self.root)
+        self.write("later.txt", "kept by step one\n")
+        srv, _task = self.start()
+        srv.ok("tc_save", root=self.root, title="one")
+        self.write(".gitignore", "later.txt\n")
+        second = srv.ok("tc_save", root=self.root, title="rules")["index"]
+        self.assertNotIn("later.txt", self.step_files(srv, second))
+        os.remove(os.path.join(self.root, ".gitignore"))  # not ignored any more, and edited
+        self.write("later.txt", "edited since\n")
+        done = srv.ok("tc_restore", root=self.root, index=second, apply=True)
+        self.assertEqual(self.read("later.txt"), b"edited since\n")
+        self.assertNotIn("later.txt", done["plan"]["to_delete"])
+        self.assertIn("later.txt", paths_of(done["plan"]["unrestorable"]))
+        srv.ok("tc_restore", root=self.root, drift_id=done["recovered"], apply=True)
+        self.assertEqual(self.read("later.txt"), b"edited since\n")
+        self.assertFalse(os.path.exists(os.path.join(self.root, ".gitignore")))
+
     def test_a_step_recorded_with_them_neither_writes_nor_deletes_them_now(self):
         self.prepare()
         old = self.server(env={"TC_GITIGNORE": "off"})
@@ -1227,9 +1245,6 @@ class GitIgnoredTest(GitCase):
         self.assertTrue(refused.is_error)
         self.assertIn("ignored by git", refused.text)
 
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 @unittest.skipIf(REAL_GIT is None, "git is not installed")
@@ -1316,3 +1331,7 @@ class ExternalStorePointerTest(GitCase):
         self.write(".gitignore", ".task-checkpoint-store.json\n")
         again = srv.ok("tc_init", root=self.root, name="outside again", store=store)["note"]
         self.assertNotIn(".task-checkpoint-store.json", again)
+
+
+if __name__ == "__main__":
+    unittest.main()
