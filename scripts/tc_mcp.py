@@ -1282,6 +1282,7 @@ class Server:
             return self.run_tool(name, normalized(arguments, schema))
 
     def run_tool(self, name, arguments):
+        self.remember_root(arguments.get("root"))
         try:
             result = TOOLS[name].handler(self.cp, arguments)
         except tc.CheckpointError as exc:
@@ -1298,6 +1299,13 @@ class Server:
             return tool_result(message, is_error=True)
         self.remember_store(result)
         return tool_result(fit_result(name, result))
+
+    def remember_root(self, root):
+        """Log into the store of root (what a call there logs lands in its
+        server.log, whichever tool it is); nothing when root names none."""
+        if isinstance(root, str):
+            with contextlib.suppress(tc.CheckpointError, OSError, ValueError):
+                self.remember_store({"store": self.cp.store_directory(root)})
 
     def remember_store(self, result):
         store = result.get("store") if isinstance(result, dict) else None

@@ -173,6 +173,20 @@ class MessageHandlingTest(ProtocolTest):
         reply = self.srv.request("ping")
         self.assertEqual(reply.get("result"), {})
 
+    def test_a_server_logs_into_the_store_of_the_workspace_it_serves(self):
+        first = self.server()
+        first.ok("tc_init", root=self.root, name="logged")
+        first.close()
+        log = os.path.join(self.store, "server.log")
+        if os.path.exists(log):
+            os.remove(log)
+        srv = self.server()  # it never runs tc_init, nor gets a result naming the store
+        srv.ok("tc_show", root=self.root)
+        srv.notify("tools/list")  # a request sent as a notification: logged, not run
+        self.assertEqual(srv.request("ping").get("result"), {})
+        with open(log, encoding="utf-8") as fh:
+            self.assertIn("ignored 'tools/list' sent as a notification", fh.read())
+
     def test_ids_are_echoed_exactly(self):
         for request_id in ("abc", "", "任务-1", "\ud800 lone surrogate", 0, -7, 2 ** 53):
             with self.subTest(request_id=request_id):
