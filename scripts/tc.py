@@ -4899,6 +4899,7 @@ class Rollback:
         self.store_backup, self.payloads_new = plan["store_backup"], plan["payloads_new"]
         self.kept = KeptList(store, self.op, self.op_id or os.path.basename(directory),
                              self.root)
+        self.edited = {}  # what keep_edits stored of files edited since (rel -> [sha, mode])
 
     @classmethod
     def of_journal(cls, store, directory, **kwargs):
@@ -4982,6 +4983,7 @@ class Rollback:
         root = os.path.realpath(self.root)
         guard = kernel_path(root)
         edited, leave = self.keep_edits(root, guard) if self.after_crash else ({}, set())
+        self.edited = edited
         self.remove_what_was_made(root, guard, leave | self.rewritten)
         kept, not_back = self.put_back_all(root, guard, leave)
         if kept:
@@ -5604,6 +5606,12 @@ class Store:
         if not_back:
             text += ", except %d that could not be put back (%s; see server.log)" % (
                 len(not_back), ", ".join(map(repr, not_back[:5])))
+        if rollback.edited:
+            names = sorted(rollback.edited)
+            text += ("; %d of them had been edited since (%s): what they held then is kept in "
+                     "the store, listed in %s (file -> payload/<sha[:2]>/<sha>)" % (
+                         len(names), ", ".join(map(repr, names[:5])) + (
+                             ", ..." if len(names) > 5 else ""), rollback.kept.path))
         self.log(text)
         self.recovered.append(text)
 

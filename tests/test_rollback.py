@@ -529,6 +529,7 @@ class EditsAfterTheCrash(KilledRestoreTest):
         # The call that only reads says what its lock did, and so does the store's log.
         self.assertIn("an interrupted restore", shown["note"] or "")
         self.assertIn("rolled back first", shown["note"])
+        self.assertIn("had been edited since (%r" % sorted(edits)[0], shown["note"])
         with open(os.path.join(self.store, "server.log"), encoding="utf-8") as fh:
             self.assertIn("rolled back first", fh.read())
         self.assertIsNone(srv.ok("tc_show", root=self.root).get("note"), "said once")
