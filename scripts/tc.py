@@ -21,7 +21,8 @@ Store layout (default ``<workspace>/.checkpoints``)::
     journal/<op>/              in-flight restore/import (rolled back if abandoned)
     kept/<op>.json             content a rollback kept instead of putting it back
     exporting/<name>.json      an export being built (its package removed if it died)
-    git/                       cached git object ids of each task's last checkpoint
+    git/                       cached git object ids of each task's last checkpoint;
+                               unchecked.json: tasks whose refs a dead writer may have cut off
     tasks/<id>/state.json, steps/sNNNN.json, drifts/dNNNN.json,
                manifest/mNNNN.json (delta chain, full anchor every 20),
                index.json + index.log (stat cache: table + appended changes),
@@ -5327,15 +5328,38 @@ class Store:
         self._tasks = {}
         self._writing = False
         self._rollback_failures = {}  # journal folder -> error of its last rollback
-        # A writer died since this process last looked: its last step may
-        # lack its git ref; the tasks whose saves have checked since (see
-        # Checkpoints._save_git).
-        self.writer_died = False
-        self.refs_checked = set()
         # What recover() rolled back since a result last said so (see
         # take_recovered): a call that only reads may be the one whose lock
         # finished a dead writer's restore, and its caller hears of it.
         self.recovered = collections.deque(maxlen=20)
+
+    @property
+    def refs_unchecked_path(self):
+        return os.path.join(self.directory, "git", "unchecked.json")
+
+    def refs_unchecked(self):
+        """The tasks whose newest steps may lack their git refs: a writer
+        died (found by any process, a hook's too) since each last saved.
+        Kept in the store, so the next save of each, in whatever process,
+        writes what is missing (see Saving._save_git)."""
+        try:
+            doc = read_json(self.refs_unchecked_path)
+        except (FileNotFoundError, NotADirectoryError, StoreCorrupt):
+            return set()
+        tasks = doc.get("tasks") if isinstance(doc, dict) else None
+        return {t for t in tasks if isinstance(t, str)} if isinstance(tasks, list) else set()
+
+    def set_refs_unchecked(self, tasks):
+        """Keep tasks as refs_unchecked (none: the file goes); best effort,
+        a store that cannot be written only loses the catch-up."""
+        try:
+            if tasks:
+                os.makedirs(os.path.dirname(self.refs_unchecked_path), exist_ok=True)
+                write_json(self.refs_unchecked_path, {"tasks": sorted(tasks)})
+            else:
+                remove_file(self.refs_unchecked_path)
+        except OSError as exc:
+            self.log("could not note which git refs to check: %s" % describe_os_error(exc))
 
     def take_recovered(self):
         """The sentences of the rollbacks done since the last call, once."""
@@ -5559,7 +5583,6 @@ class Store:
         except FileNotFoundError:
             marked_ns = None
         if marked_ns is not None:
-            self.writer_died, self.refs_checked = True, set()
             swept = sweep_temp_files(self.directory)
             if swept:
                 self.log("removed %d temporary file(s) left by an interrupted write" % swept)
@@ -5589,6 +5612,7 @@ class Store:
                 if self._rollback_failures.pop(directory, None) is not None:
                     self.log("rolled back %s after all" % os.path.basename(directory))
         if marked_ns is not None:
+            tasks = set()
             for task_id in self.task_ids():
                 if not self.task(task_id).exists():
                     # A task directory without a state is a tc_init that died
@@ -5596,6 +5620,9 @@ class Store:
                     remove_tree(self.task(task_id).directory)
                     continue
                 self.reconcile_numbers(task_id)
+                tasks.add(task_id)
+            if tasks:  # the dead writer may have been a save cut off before its ref
+                self.set_refs_unchecked(self.refs_unchecked() | tasks)
             remove_file(self.marker_path)
 
     def _said_rolled_back(self, rollback, not_back):
@@ -6872,8 +6899,9 @@ class GitRefWriter:
     def write_step_ref(self, *, root, store_dir, task_id, step_index,
                        entries, payload_path, message, parent_hint=None, earlier=None):
         """Create refs/checkpoints/<task_id>/sNNNN for a new step; never raises.
-        earlier: (number, load) of the step before it, whose ref is written
-        first if it has none; load() returns that step's (entries, message)."""
+        earlier: (number, load) of steps before it, oldest first, whose refs
+        are written first where they have none; load() returns that step's
+        (entries, message)."""
         if not self.enabled:
             return self.skipped("TC_GIT=off")
         try:
@@ -6930,8 +6958,10 @@ class GitRefWriter:
             self.log("git ref %s already exists; left as it is" % ref)
             return self.skipped("ref exists")
         caches = os.path.join(store_dir, "git")
-        if earlier is not None and 1 <= earlier[0] < step_index:
-            self._catch_up(run, (caches, repo_key, task_id), existing, earlier, payload_path)
+        for number, load in earlier or ():
+            if 1 <= number < step_index:
+                self._catch_up(run, (caches, repo_key, task_id), existing, (number, load),
+                               payload_path)
         parent = choose_parent(existing, ref, parent_hint)
         if not self._make_ref(run, (caches, repo_key, task_id), existing, ref, entries,
                               payload_path, parent, message):
@@ -6954,9 +6984,9 @@ class GitRefWriter:
         return True
 
     def _catch_up(self, run, cache_key, existing, earlier, payload_path):
-        """Write the ref of the step before a new one when it has none (after
-        a writer died: see Checkpoints._save_git). A failure here is logged
-        and costs the new step nothing."""
+        """Write the ref of a step before a new one when it has none (after
+        a writer died: see Saving._save_git). A failure here is logged and
+        costs the new step nothing."""
         number, load = earlier
         ref = step_ref_name(cache_key[2], number)
         if ref in existing:
@@ -8939,44 +8969,56 @@ class Saving:
         return (head["manifest"] == manifest_no
                 or ws.records.manifests.load(head["manifest"]) == snap.entries)
 
+    # How many steps before a new one a save after a crash checks for refs.
+    CATCH_UP_STEPS = 20
+
     def _save_git(self, ws, step, result):
         """The git result of a save: the new step's ref, or "no new step".
-        After a writer died (found since this process last looked), a save
-        also writes a ref that the step before its new one, or the head it
-        repeats, lacks: the dead writer may have been cut off between a step
-        and its ref."""
-        after_crash = (ws.store.writer_died and self.git.enabled
-                       and ws.task_id not in ws.store.refs_checked)
-        ws.store.refs_checked.add(ws.task_id)  # each task checks once after a crash
-        if step is not None:
-            return self._git_ref(ws, step, catch_up=after_crash)
-        if after_crash and result["idempotent"]:
-            try:
-                head = ws.records.read_step(result["index"])
-                entries = ws.records.manifests.load(head["manifest"])
-            except (CheckpointError, OSError):
-                return self.git.skipped("no new step")
-            made = self._git_ref(ws, (head["index"], entries, head["title"]))
-            if made["ok"]:
-                return made
-        return self.git.skipped("no new step")
+        After a writer died (Store.refs_unchecked), the task's next save
+        also writes the refs that the steps before its new one (up to
+        CATCH_UP_STEPS), or the head it repeats, lack: a dead writer may have
+        been cut off between a step and its ref, more than once."""
+        unchecked = ws.store.refs_unchecked() if self.git.enabled else set()
+        after_crash = ws.task_id in unchecked
+        try:
+            if step is not None:
+                return self._git_ref(ws, step, catch_up=after_crash)
+            if after_crash and result["idempotent"]:
+                try:
+                    head = ws.records.read_step(result["index"])
+                    entries = ws.records.manifests.load(head["manifest"])
+                except (CheckpointError, OSError):
+                    return self.git.skipped("no new step")
+                made = self._git_ref(ws, (head["index"], entries, head["title"]), catch_up=True)
+                if made["ok"]:
+                    return made
+            return self.git.skipped("no new step")
+        finally:
+            if after_crash:
+                ws.store.set_refs_unchecked(ws.store.refs_unchecked() - {ws.task_id})
 
     def _git_ref(self, ws, step, *, catch_up=False):
-        """The git result of writing a step's ref; with catch_up, the ref
-        of the step before it is written first when it has none."""
+        """The git result of writing a step's ref; with catch_up, the refs
+        of the steps before it (CATCH_UP_STEPS at most) are written first
+        where they have none."""
         index, entries, title = step
 
-        def earlier_step():
-            record = ws.records.read_step(index - 1)
-            return (ws.records.manifests.load(record["manifest"]),
-                    step_message(ws.task_id, index - 1, record["title"]))
+        def loader(number):
+            def load():
+                record = ws.records.read_step(number)
+                return (ws.records.manifests.load(record["manifest"]),
+                        step_message(ws.task_id, number, record["title"]))
+            return load
 
+        earlier = None
+        if catch_up:
+            earlier = [(number, loader(number)) for number in ws.records.step_numbers()
+                       if index - self.CATCH_UP_STEPS <= number < index]
         try:
             return self.git.write_step_ref(
                 root=ws.root, store_dir=ws.store.directory, task_id=ws.task_id,
                 step_index=index, entries=entries, payload_path=ws.store.payloads.path,
-                message=step_message(ws.task_id, index, title),
-                earlier=(index - 1, earlier_step) if catch_up else None)
+                message=step_message(ws.task_id, index, title), earlier=earlier)
         except Exception as exc:  # git never fails a save
             self.log("git ref failed: %s" % traceback_text())
             return self.git.skipped("git failed", error=str(exc))

@@ -658,6 +658,20 @@ class SaveCutOffBeforeItsRefTest(GitCase):
         srv.ok("tc_save", root=self.root, title="three")
         self.assertEqual(checkpoint_refs(self.root), [ref_of(task, n) for n in (1, 2, 3)])
 
+    def test_another_process_finding_the_dead_writer_first_does_not_use_up_the_check(self):
+        # A client's session-start hook takes the lock before any server.
+        task = self.cut_off_second_save()
+        event = json.dumps({"hook_event_name": "SessionStart", "cwd": self.root})
+        hook = subprocess.run(list(support.SERVER_COMMAND) + ["hook", "session-start"],
+                              input=event.encode(), capture_output=True, timeout=30,
+                              env=support.clean_env({"TC_GIT": "on"}))
+        self.assertEqual(hook.returncode, 0, hook.stderr)
+        srv = self.server()
+        self.write("a.txt", "three\n")
+        srv.ok("tc_save", root=self.root, title="three")
+        self.assertEqual(checkpoint_refs(self.root), [ref_of(task, n) for n in (1, 2, 3)])
+        self.assertFalse(os.path.exists(os.path.join(self.store, "git", "unchecked.json")))
+
     def test_without_a_dead_writer_a_missing_ref_stays_missing(self):
         # A ref the user deleted, or one of a step saved with TC_GIT=off, is
         # not written again by later saves.
