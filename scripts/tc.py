@@ -9612,7 +9612,7 @@ class Reporting:
             return []
         return ["the store holds %s bytes, over TC_STORE_BUDGET (%d bytes), and its steps, "
                 "recovered records and newest %d drift records of each task need %s by "
-                "themselves, so nothing was reclaimed; raise the budget, or continue in a "
+                "themselves, so no more was reclaimed; raise the budget, or continue in a "
                 "new store" % (note.get("total_bytes"), budget, BUDGET_KEEPS_NEWEST,
                                note.get("kept_bytes"))]
 
@@ -10542,9 +10542,11 @@ class Compaction:
         over its budget, reclaim the content only drift records hold, the
         oldest records first, until it fits. Never a step's content, a
         recovered record's, or the newest BUDGET_KEEPS_NEWEST drift records
-        of a task; and nothing at all when what those need is over the
-        budget by itself (then tc_resume's health says so). The outcome
-        goes to the store's budget note and the log."""
+        of a task; nothing at all when the steps (with recovered records
+        and indexes) are over the budget by themselves. When what may not
+        go keeps the store over, as much as may go goes, and tc_resume's
+        health says the store is over. The outcome goes to the store's
+        budget note and the log."""
         store = ws.store
         total = tree_bytes(store.directory)
         note = store.budget_note()
@@ -10559,7 +10561,8 @@ class Compaction:
         only_theirs = {sha for sha, count in held.items()
                        if count == holders[sha] and sha not in protected}
         kept = total - sum(sizes.get(sha, 0) for sha in only_theirs)
-        if kept > self.budget:
+        steps_need = total - sum(sizes.get(sha, 0) for sha in holders if sha not in protected)
+        if steps_need > self.budget or not only_theirs:
             if not note.get("over") or note.get("budget") != self.budget:
                 self.log("TC_STORE_BUDGET (%d bytes): the store holds %d bytes, and its steps, "
                          "recovered records and newest drift records alone need %d; nothing "
@@ -10584,13 +10587,15 @@ class Compaction:
                                                       set())
         done_bytes += sum(store.payloads.delete(sha) for sha in sorted(freed))
         total = tree_bytes(store.directory)
+        over = total > self.budget
         self.log("TC_STORE_BUDGET (%d bytes): reclaimed the content of %d drift record(s) "
-                 "(%s), %d bytes; the store now holds %d bytes"
+                 "(%s), %d bytes; the store now holds %d bytes%s"
                  % (self.budget, len(chosen), ", ".join(
                      "%s %s" % (task_id, "d%04d" % number) for task_id, number in
                      sorted(chosen)[:10]) + (" ..." if len(chosen) > 10 else ""),
-                    done_bytes, total))
-        self._write_note(store, note, total=total, kept=None,
+                    done_bytes, total, ", still over: its steps, recovered records and newest "
+                    "drift records need more" if over else ""))
+        self._write_note(store, note, total=total, kept=total if over else None,
                          reclaimed=(len(chosen), done_bytes))
         return {"records": len(chosen), "bytes": done_bytes}
 

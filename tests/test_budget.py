@@ -91,11 +91,31 @@ class BudgetTest(support.WorkspaceTest):
         health = srv.ok("tc_resume", root=self.root)["health"]
         self.assertFalse(health["ok"])
         self.assertTrue(any("over TC_STORE_BUDGET (2048 bytes)" in error
-                            and "nothing was reclaimed" in error for error in health["errors"]),
+                            and "no more was reclaimed" in error for error in health["errors"]),
                         health)
         self.assertTrue(self.usage(env)["budget"]["over"])
         # Without the budget there is nothing to say.
         self.assertTrue(self.server().ok("tc_resume", root=self.root)["health"]["ok"])
+
+    def test_a_budget_the_newest_records_outgrow_still_reclaims_the_older_ones(self):
+        # The newest 20 records of a 20 KB churning file need 400 KB: more
+        # than the budget, while the steps alone need little.
+        env = {"TC_STORE_BUDGET": "250K"}
+        srv = self.server(env)
+        srv.ok("tc_init", root=self.root, name="small budget")
+        srv.ok("tc_save", root=self.root, title="one")
+        for round_no in range(30):
+            write(self.root, "data.bin", os.urandom(20 * 1024))
+            srv.ok("tc_capture", root=self.root)
+        drifts = srv.ok("tc_show", root=self.root, include_drift=True, limit=200)["drifts"]
+        self.assertEqual([d["id"] for d in drifts if d["compressed"]],
+                         [d["id"] for d in drifts[1:11]], "the ten oldest captures go")
+        # Their content is gone: kept whole, the 30 captures alone hold 600 KB.
+        self.assertLess(store_bytes(self.store), 500 * 1024)
+        health = srv.ok("tc_resume", root=self.root)["health"]
+        self.assertTrue(any("over TC_STORE_BUDGET" in error for error in health["errors"]),
+                        health)
+        self.assertTrue(self.usage(env)["budget"]["over"])
 
     def test_budget_values(self):
         self.server().ok("tc_init", root=self.root, name="values")
