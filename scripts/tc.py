@@ -9642,7 +9642,7 @@ def same_content(have, want):
 
 
 def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=None,
-                 within=None, ignored=None, ignored_after=None):
+                 within=None, ignored=None, ignored_after=None, ignored_paths=()):
     """What a restore to target changes in a workspace whose state is current.
 
     skipped: paths the scan passed over (unreadable, symlinks, special
@@ -9654,7 +9654,9 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
     not deleted either. ignored(path): True for a path git ignores in this workspace,
     which is never written (nor deleted: no scan lists it); ignored_after(path):
     True for a path git ignores under the target's own .gitignore files,
-    which is not deleted either (it is an ignored file once they are back). within (a PathScope): only its paths are planned; the other
+    which is not deleted either (it is an ignored file once they are back);
+    ignored_paths: what the scan left out as git ignores it (folders with a
+    trailing "/"), which stands in the way of a file to be written there. within (a PathScope): only its paths are planned; the other
     files of current still stand in the way of what would be written.
     Preview and apply compute the same plan.
 
@@ -9691,7 +9693,10 @@ def plan_restore(target, current, has_payload, *, skipped=(), unseen=(), policy=
         else:
             plan["to_delete"].append(path)
     deleted = set(plan["to_delete"])
-    kept_dirs = ancestors([p for p in planned if p not in deleted] + list(untouchable))
+    left_alone = [p.rstrip("/") for p in ignored_paths]
+    kept_dirs = (ancestors([p for p in planned if p not in deleted] + list(untouchable)
+                           + left_alone)
+                 | {p.rstrip("/") for p in ignored_paths if p.endswith("/")})
     for path, want in sorted(wanted.items()):
         have = current.get(path)
         if have is not None and same_content(have, want):
@@ -10050,7 +10055,8 @@ class Restoring:
         if snap.git is None:
             return {"ignored": None, "ignored_after": None}
         after = snap.git.recorded(target, payloads)
-        return {"ignored": snap.git.ignored, "ignored_after": after.ignored}
+        return {"ignored": snap.git.ignored, "ignored_after": after.ignored,
+                "ignored_paths": snap.git.ignored_paths}
 
     def _seen_policy(self, ws, snap):
         """ws's policy as the snapshot's scan applied it: with git's tracked

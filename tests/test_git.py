@@ -1232,6 +1232,23 @@ class GitIgnoredTest(GitCase):
         self.assertEqual(self.read("later.txt"), b"edited since\n")
         self.assertFalse(os.path.exists(os.path.join(self.root, ".gitignore")))
 
+    def test_a_folder_holding_only_ignored_files_is_in_the_way_of_a_file(self):
+        make_git_repo(self.root)
+        self.write(".gitignore", "*.tmp\n")
+        self.write("cache", "a file at step one\n")
+        srv, _task = self.start()
+        srv.ok("tc_save", root=self.root, title="one")
+        os.remove(os.path.join(self.root, "cache"))
+        self.write("cache/scratch.tmp", "ignored, and mine\n")
+        srv.ok("tc_save", root=self.root, title="two")
+        for paths in (None, ["cache"]):
+            arguments = {"paths": paths} if paths else {}
+            done = srv.ok("tc_restore", root=self.root, index=1, apply=True, **arguments)
+            self.assertNotIn("cache", done["plan"]["to_write"], paths)
+            reasons = {i["path"]: i["reason"] for i in done["plan"]["unrestorable"]}
+            self.assertIn("in the way", reasons.get("cache", ""), (paths, done["plan"]))
+            self.assertEqual(self.read("cache/scratch.tmp"), b"ignored, and mine\n")
+
     def test_a_step_recorded_with_them_neither_writes_nor_deletes_them_now(self):
         self.prepare()
         old = self.server(env={"TC_GITIGNORE": "off"})
