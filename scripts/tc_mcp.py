@@ -2167,7 +2167,10 @@ def run_status(cp, root, args):
 def step_row(step):
     if step.get("damaged"):
         return ["%d" % step["index"], "", "(damaged: %s)" % first_line(step["damaged"])]
-    title = first_line(step.get("title"), 50) + (" (head)" if step.get("head") else "")
+    title = first_line(step.get("title"), 50)
+    if step.get("agent"):
+        title += " by %s" % first_line(step["agent"], 40)
+    title += " (head)" if step.get("head") else ""
     conclusion = first_line(step.get("conclusion"))
     return ["%d" % step["index"], age_text(step.get("created")),
             title + ("  — " + conclusion if conclusion else "")]
@@ -2181,6 +2184,8 @@ def drift_row(drift):
     if drift.get("compressed"):
         kind += ", reclaimed"
     label = " %s" % json.dumps(drift["label"], ensure_ascii=False) if drift.get("label") else ""
+    if drift.get("agent"):
+        label += " by %s" % first_line(drift["agent"], 40)
     return [drift["id"], age_text(drift.get("created")), "%s [%s]%s" % (counts, kind, label)]
 
 
@@ -2202,6 +2207,8 @@ def run_show(cp, root, args):
     step = result["steps"][0]
     lines = ["step %d%s  %s  %s" % (step["index"], " (head)" if step.get("head") else "",
                                     step.get("created") or "", age_text(step.get("created")))]
+    if step.get("agent"):
+        lines.append("agent: %s" % step["agent"])
     for key in ("title", "conclusion", "description", "next"):
         if step.get(key):  # continuation lines indented: none passes for a field of its own
             lines.append("%s: %s" % (key, step[key].rstrip("\n").replace("\n", "\n  ")))
