@@ -9849,6 +9849,9 @@ def target_text(index, record):
         return 'step %d ("%s")' % (index, clipped(shown_path(record.get("title", "")), 80))
     if record.get("kind") == "recovered":
         return "drift record %s (the workspace as it was before an earlier restore)" % record["id"]
+    if record.get("label"):
+        return 'drift record %s ("%s")' % (record["id"],
+                                           clipped(shown_path(record["label"]), 80))
     return "drift record %s" % record["id"]
 
 

@@ -325,7 +325,11 @@ class WordsOnATerminalTest(CommandTest):
         write(self.root, "a.txt", "two\n")
         srv.ok("tc_capture", root=self.root, agent="worker-7", label="mid-edit")
         srv.close()
-        self.assertRegex(self.ok("log", "--drift"), r"\"mid-edit\" by worker-7")
+        log = self.ok("log", "--drift")
+        self.assertRegex(log, r"\"mid-edit\" by worker-7")
+        drift_id = re.search(r"(d\d{4}) .*mid-edit", log).group(1)
+        self.assertIn('drift record %s ("mid-edit")' % drift_id,
+                      self.ok_json("restore", drift_id)["note"])
         self.assertIn("agent: reviewer", self.ok("show", "1"))
         log = self.ok("log")
         self.assertNotIn("\x1b", log)
