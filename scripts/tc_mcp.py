@@ -2235,10 +2235,29 @@ def restore_call(cp, root, target, *, paths=(), apply=False):
     else:
         arguments["drift_id"] = target
     if paths:
-        arguments["paths"] = [path.replace(os.sep, "/").strip("/") for path in paths]
+        arguments["paths"] = [workspace_path(root, path) for path in paths]
     if not apply:
         arguments["diff"] = True
     return call_tool(cp, "tc_restore", **arguments)
+
+
+def workspace_path(root, path):
+    """A PATH a person typed, as the workspace-relative path tools take: an
+    absolute one must lie in the workspace; a relative one is taken from the
+    current directory when that lies in the workspace (as git takes it),
+    else from the workspace root."""
+    here = os.path.realpath(os.getcwd())
+    real_root = os.path.realpath(root)
+    inside = here == real_root or here.startswith(real_root.rstrip(os.sep) + os.sep)
+    full = os.path.join(here if inside else real_root, os.path.expanduser(path))
+    full = os.path.normpath(full)
+    if full != real_root and not full.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise UsageError("PATH %r is outside the workspace %s" % (path, root))
+    rel = os.path.relpath(full, real_root)
+    if rel == os.curdir:
+        raise UsageError("PATH %r is the whole workspace: leave PATH out to restore all of "
+                         "it" % path)
+    return rel.replace(os.sep, "/")
 
 
 def diff_text(entries, stat):

@@ -344,6 +344,32 @@ class WordsOnATerminalTest(CommandTest):
         self.assertIn("\nnote: the workspace was moved or copied from %r" % self.root, status)
 
 
+class PathsFromWhereYouAreTest(CommandTest):
+    def test_a_relative_path_is_taken_from_the_current_directory(self):
+        tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.root = os.path.join(tmp, "ws")
+        write(self.root, "a.py", "top v1\n")
+        write(self.root, "src/a.py", "src v1\n")
+        srv = Server()
+        self.addCleanup(srv.close)
+        srv.initialize()
+        srv.ok("tc_init", root=self.root, name="paths")
+        srv.ok("tc_save", root=self.root, title="one")
+        write(self.root, "a.py", "top v2\n")
+        write(self.root, "src/a.py", "src v2\n")
+        srv.close()
+        src = os.path.join(self.root, "src")
+        proc = self.cli("restore", "1", "a.py", "--apply", root=False, cwd=src)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual((read(self.root, "src/a.py"), read(self.root, "a.py")),
+                         (b"src v1\n", b"top v2\n"))
+        self.ok("restore", "1", os.path.join(self.root, "a.py"), "--apply")  # absolute
+        self.assertEqual(read(self.root, "a.py"), b"top v1\n")
+        self.assertIn("outside the workspace", self.fails(2, "restore", "1", "../elsewhere",
+                                                          root=False, cwd=src + "/.."))
+
+
 class UndoWithNothingToUndoTest(CommandTest):
     def test_undo_without_a_restore_is_refused(self):
         tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
