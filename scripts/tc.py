@@ -10293,19 +10293,25 @@ class Restoring:
 
     @staticmethod
     def _voided(source, index, head):
-        """The steps after index up to head, newest first: the ones whose
-        conclusions a restore to step index leaves describing nothing on disk."""
-        voided = []
-        for number in range(head, index, -1):
+        """The steps a restore to step index leaves describing nothing on
+        disk, newest first: head and the steps it was saved on (head_before),
+        back to index. Steps an earlier restore already undid are not on
+        that line; a step recorded without head_before was saved on the one
+        before it."""
+        voided, number = [], head
+        while number > index:
             try:
                 step = source.records.read_step(number)
             except (StoreCorrupt, NotFound) as exc:
                 voided.append({"index": number, "title": "", "conclusion": "",
                                "damaged": str(exc)})
+                number -= 1
                 continue
             voided.append({"index": number, "title": step["title"],
                            "conclusion": clipped(step.get("conclusion") or "",
                                                  VOIDED_TEXT_LIMIT)})
+            before = step.get("head_before")
+            number = before if isinstance(before, int) and 0 <= before < number else number - 1
         return voided
 
     def _secure_undo(self, ws, snap, plan, target, unseen, scope):

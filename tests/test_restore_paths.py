@@ -204,6 +204,13 @@ class VoidedAndNote(RestoreTrustTest):
         self.assertEqual(undo["voided"], [])
         self.assertIn(res["recovered"], undo["note"])
         self.assertEqual(undo["head"], 5)
+        # Back at step 2, a step 6 saved there: going to step 1 undoes 6 and 2,
+        # not 3 to 5, which the first restore had undone already.
+        self.restore(index=2, apply=True)
+        self.write("f.txt", "f at step 6\n")
+        self.assertEqual(self.save("step 6")["index"], 6)
+        again = self.restore(index=1)
+        self.assertEqual([v["index"] for v in again["voided"]], [6, 2])
 
 
 class AnotherTasksStep(RestoreTrustTest):
