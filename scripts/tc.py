@@ -1387,9 +1387,11 @@ def safe_workspace_path(root, rel, checked=None):
     return full
 
 
-# Characters that would start a new line (or hide text) in a handoff: a file
-# name can hold them, and must not forge a line such as "Next step: ...".
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Characters that would start a new line, hide text or reorder it in a
+# handoff: a file name can hold them, and must not forge a line such as
+# "Next step: ..." or pass for another name.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                          "\u2066-\u2069\ufeff]")
 
 
 def shown_path(path):
@@ -1528,8 +1530,8 @@ def validate_agent(agent):
         raise InvalidArgument("agent is too long (%d characters, at most %d): pass a short "
                               "label" % (len(label), AGENT_LIMIT))
     if _UNPRINTABLE.search(label):
-        raise InvalidArgument("agent %r contains a control character or line break; pass a "
-                              "one-line label" % label[:40])
+        raise InvalidArgument("agent %r contains a control, line-break or text-direction "
+                              "character; pass a one-line label" % label[:40])
     return label or None
 
 

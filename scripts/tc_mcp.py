@@ -2232,6 +2232,9 @@ def restore_call(cp, root, target, *, paths=(), apply=False):
     arguments = {"root": root, "apply": apply}
     if STEP_NUMBER.fullmatch(target):
         arguments["index"] = step_number(target)
+    elif not re.fullmatch(r"d[0-9]+", target):
+        raise UsageError("TARGET %r is neither a step number (3, or s0003) nor a drift id "
+                         "(d0007)" % target)
     else:
         arguments["drift_id"] = target
     if paths:
