@@ -275,6 +275,7 @@ class StoreInUseTest(CommandTest):
         self.assertIn("99", self.fails(1, "show", "99"))
         self.assertIn("invalid step number 'x'", self.fails(2, "show", "x"))
         self.assertIn("restore needs TARGET", self.fails(2, "restore"))
+        self.assertIn("neither a step number", self.fails(2, "restore", "abc"))
         self.assertIn("'label' is too long", self.fails(2, "capture", "--label", "x" * 201))
         self.assertIn("'keep_seconds' must be >= 0",
                       self.fails(2, "compress", "--keep-seconds", "-1"))
