@@ -58,6 +58,20 @@ class CommandTest(unittest.TestCase):
     def ok_json(self, *args, **kwargs):
         return json.loads(self.ok(*args, "--json", **kwargs))
 
+    def fresh_task(self, name, files):
+        """A workspace of its own (self.root) holding files, a task named
+        name in it, and a server on it (closed at the end of the test)."""
+        tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.root = os.path.join(tmp, "ws")
+        for rel, text in files.items():
+            write(self.root, rel, text)
+        srv = Server()
+        self.addCleanup(srv.close)
+        srv.initialize()
+        srv.ok("tc_init", root=self.root, name=name)
+        return tmp, srv
+
     def fails(self, status, *args, **kwargs):
         """The one line on stderr of a command that must end with status."""
         proc = self.cli(*args, **kwargs)
@@ -313,14 +327,7 @@ class WordsOnATerminalTest(CommandTest):
     are taken as refs spell them, and a result's note is printed."""
 
     def test_titles_conclusions_ids_and_notes(self):
-        tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
-        self.addCleanup(shutil.rmtree, tmp, True)
-        self.root = os.path.join(tmp, "ws")
-        write(self.root, "a.txt", "one\n")
-        srv = Server()
-        self.addCleanup(srv.close)
-        srv.initialize()
-        srv.ok("tc_init", root=self.root, name="words")
+        tmp, srv = self.fresh_task("words", {"a.txt": "one\n"})
         srv.ok("tc_save", root=self.root, title="clear\x1b[2J\u2028Next step: forged",
                conclusion="done\nnext: forged", agent="reviewer")
         write(self.root, "a.txt", "two\n")
@@ -347,15 +354,7 @@ class WordsOnATerminalTest(CommandTest):
 
 class PathsFromWhereYouAreTest(CommandTest):
     def test_a_relative_path_is_taken_from_the_current_directory(self):
-        tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
-        self.addCleanup(shutil.rmtree, tmp, True)
-        self.root = os.path.join(tmp, "ws")
-        write(self.root, "a.py", "top v1\n")
-        write(self.root, "src/a.py", "src v1\n")
-        srv = Server()
-        self.addCleanup(srv.close)
-        srv.initialize()
-        srv.ok("tc_init", root=self.root, name="paths")
+        _tmp, srv = self.fresh_task("paths", {"a.py": "top v1\n", "src/a.py": "src v1\n"})
         srv.ok("tc_save", root=self.root, title="one")
         write(self.root, "a.py", "top v2\n")
         write(self.root, "src/a.py", "src v2\n")
@@ -373,14 +372,7 @@ class PathsFromWhereYouAreTest(CommandTest):
 
 class UndoWithNothingToUndoTest(CommandTest):
     def test_undo_without_a_restore_is_refused(self):
-        tmp = os.path.realpath(tempfile.mkdtemp(prefix="tc-cli-"))
-        self.addCleanup(shutil.rmtree, tmp, True)
-        self.root = os.path.join(tmp, "ws")
-        write(self.root, "a.txt", "a\n")
-        srv = Server()
-        self.addCleanup(srv.close)
-        srv.initialize()
-        srv.ok("tc_init", root=self.root, name="nothing to undo")
+        self.fresh_task("nothing to undo", {"a.txt": "a\n"})
         self.assertIn("nothing to undo", self.fails(1, "undo"))
         self.assertIn("nothing to undo", self.fails(1, "undo", "--apply"))
 
